@@ -1,0 +1,36 @@
+"""gpuprof: why your GPUs are slow and what to change first.
+
+The public surface is small: :func:`analyze` returns an :class:`Analysis` (pandas frames,
+summary, ranked findings); :class:`GpuprofError` is the root of every error gpuprof raises on
+bad input. Heavy modules load on first use, so ``gpuprof.calibrate`` and the recorder's
+bootstrap stay importable on a bare GPU machine.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = ["Analysis", "Finding", "GpuprofError", "__version__", "analyze"]
+
+if TYPE_CHECKING:
+    from gpuprof.api import Analysis, analyze
+    from gpuprof.errors import GpuprofError
+    from gpuprof.findings import Finding
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("analyze", "Analysis"):
+        from gpuprof import api
+
+        return getattr(api, name)
+    if name == "GpuprofError":
+        from gpuprof.errors import GpuprofError
+
+        return GpuprofError
+    if name == "Finding":
+        from gpuprof.findings import Finding
+
+        return Finding
+    raise AttributeError(f"module 'gpuprof' has no attribute {name!r}")

@@ -1,0 +1,352 @@
+"""A small GPT used to record gpuprof's sample traces, with one switch per known defect.
+
+Each sample trace in ``sample_traces/`` names the command line that made it (see
+``record_all.sh``). The program records a torch.profiler (Kineto) trace of a few steps and,
+separately, times steps without the profiler, so that each bad/good pair has a realised
+step-time difference to check gpuprof's estimated saving against.
+
+Defect switches (the default is the well-tuned program):
+  --precision fp32        FP32 math with TF32 off (bad) instead of bf16 autocast
+  --vocab 50257           a vocabulary that is not a multiple of 64 (bad shapes)
+  --attn manual           matmul + mask + softmax + dropout attention instead of SDPA
+  --elementwise naive     hand-written LayerNorm and tanh-GELU instead of fused modules
+  --optim forloop         AdamW(foreach=False, fused=False) instead of AdamW(fused=True)
+  --host-sync             a per-parameter ``.item()`` grad-norm log each step
+  --size tiny             a model so small the host cannot launch kernels fast enough
+  --cuda-graph            the whole training step captured once and replayed (the fix)
+  --mode decode           KV-cache token-by-token generation instead of training
+  --ddp / --manual-allreduce / --slow-rank-ms   multi-GPU runs under torchrun
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+SIZES = {
+    # name: (layers, d_model, heads, seq, batch)
+    "small": (6, 768, 12, 512, 8),
+    "tiny": (4, 128, 4, 64, 2),
+    "decode": (6, 4096, 32, 512, 1),
+}
+
+
+class NaiveLayerNorm(nn.Module):
+    """LayerNorm written out of separate elementwise and reduction ops (the defect)."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.bias = nn.Parameter(torch.zeros(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mean = x.mean(-1, keepdim=True)
+        var = ((x - mean) ** 2).mean(-1, keepdim=True)
+        return (x - mean) / torch.sqrt(var + 1e-5) * self.weight + self.bias
+
+
+def naive_gelu(x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))))
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int, seq: int, attn: str, elementwise: str, dropout: float) -> None:
+        super().__init__()
+        self.dropout = dropout
+        norm = NaiveLayerNorm if elementwise == "naive" else nn.LayerNorm
+        self.ln1, self.ln2 = norm(d), norm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.fc = nn.Linear(d, 4 * d)
+        self.fc_out = nn.Linear(4 * d, d)
+        self.heads, self.attn, self.elementwise = heads, attn, elementwise
+        self.register_buffer("mask", torch.tril(torch.ones(seq, seq, dtype=torch.bool)), persistent=False)
+        self.k_cache: torch.Tensor | None = None
+        self.v_cache: torch.Tensor | None = None
+
+    def attention(self, x: torch.Tensor, pos: int | None) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        causal = True
+        if pos is not None:  # decode: append to the KV cache, attend over everything so far
+            assert self.k_cache is not None and self.v_cache is not None
+            self.k_cache[:, :, pos : pos + t] = k
+            self.v_cache[:, :, pos : pos + t] = v
+            k, v = self.k_cache[:, :, : pos + t], self.v_cache[:, :, : pos + t]
+            causal = t > 1
+        if self.attn == "manual":
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            if causal:
+                att = att.masked_fill(~self.mask[:t, :t], float("-inf"))
+            att = F.dropout(F.softmax(att, dim=-1), p=self.dropout, training=self.training)
+            y = att @ v
+        else:
+            y = F.scaled_dot_product_attention(
+                q, k, v, is_causal=causal, dropout_p=self.dropout if self.training else 0.0
+            )
+        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+    def forward(self, x: torch.Tensor, pos: int | None = None) -> torch.Tensor:
+        x = x + self.attention(self.ln1(x), pos)
+        h = self.fc(self.ln2(x))
+        h = naive_gelu(h) if self.elementwise == "naive" else F.gelu(h, approximate="tanh")
+        return x + self.fc_out(h)
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab: int, layers: int, d: int, heads: int, seq: int, attn: str, elementwise: str,
+                 dropout: float = 0.1):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(seq, d)
+        self.blocks = nn.ModuleList(Block(d, heads, seq, attn, elementwise, dropout) for _ in range(layers))
+        self.ln_f = NaiveLayerNorm(d) if elementwise == "naive" else nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.tok.weight  # weight tying, as in GPT-2
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, pos: int | None = None):
+        t = idx.size(1)
+        start = 0 if pos is None else pos
+        x = self.tok(idx) + self.pos(torch.arange(start, start + t, device=idx.device))
+        for blk in self.blocks:
+            x = blk(x, pos)
+        logits = self.head(self.ln_f(x))
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def make_profiler(out: str, wait: int, warmup: int, active: int, device: str):
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if device == "cuda":
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+
+    def on_ready(prof: torch.profiler.profile) -> None:
+        prof.export_chrome_trace(out)
+
+    return torch.profiler.profile(
+        activities=acts,
+        schedule=torch.profiler.schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+        on_trace_ready=on_ready,
+        record_shapes=True,
+        with_stack=False,
+    )
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="trace path (.json.gz)")
+    p.add_argument("--timing-out", help="JSON file for the unprofiled step timing")
+    p.add_argument("--size", choices=sorted(SIZES), default="small")
+    p.add_argument("--batch", type=int)
+    p.add_argument("--vocab", type=int, default=50304)
+    p.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    p.add_argument("--attn", choices=["sdpa", "manual"], default="sdpa")
+    p.add_argument("--elementwise", choices=["fused", "naive"], default="fused")
+    p.add_argument("--optim", choices=["fused", "forloop"], default="fused")
+    p.add_argument("--host-sync", action="store_true")
+    p.add_argument("--cuda-graph", action="store_true")
+    p.add_argument("--mode", choices=["train", "decode"], default="train")
+    p.add_argument("--ddp", action="store_true")
+    p.add_argument("--manual-allreduce", action="store_true", help="per-parameter all_reduce after backward")
+    p.add_argument("--slow-rank-ms", type=float, default=0.0, help="extra host time per step on the last rank")
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--timed-steps", type=int, default=20)
+    p.add_argument("--active", type=int, default=3)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--nvtx-step", type=int, default=-1, help="wrap this step in an NVTX range 'ncu_step' (for ncu)")
+    p.add_argument("--no-profile", action="store_true")
+    a = p.parse_args()
+
+    layers, d, heads, seq, batch = SIZES[a.size]
+    batch = a.batch or batch
+    device = a.device
+    rank, world = 0, 1
+    if a.ddp:
+        import torch.distributed as dist
+
+        backend = "nccl" if device == "cuda" else "gloo"
+        dist.init_process_group(backend)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        if device == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    dev = torch.device(device, torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+    torch.manual_seed(1234 + rank)
+    if device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+    vocab = a.vocab if a.size != "tiny" else 1024
+    with dev:  # build on the device: a CPU init of the decode model takes many seconds
+        model = GPT(vocab, layers, d, heads, seq, a.attn, a.elementwise, a.dropout)
+    use_bf16 = a.precision == "bf16"
+    autocast_dtype = torch.bfloat16
+
+    def batch_of(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.randint(0, vocab, (n, seq), device=dev)
+        return x, torch.roll(x, -1, dims=1)
+
+    if a.mode == "decode":
+        run_decode(a, model, dev, vocab, seq, batch, use_bf16)
+        return
+
+    ddp_model: nn.Module = model
+    if a.ddp and not a.manual_allreduce:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ddp_model = DDP(model, device_ids=[dev.index] if device == "cuda" else None)
+    if a.optim == "fused":
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=device == "cuda", capturable=a.cuda_graph)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=False, fused=False)
+
+    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type=dev.type, dtype=autocast_dtype, enabled=use_bf16, cache_enabled=not a.cuda_graph):
+            loss = ddp_model(x, y)
+        loss.backward()
+        if a.manual_allreduce:
+            import torch.distributed as dist
+
+            for prm in model.parameters():
+                if prm.grad is not None:
+                    dist.all_reduce(prm.grad)
+                    prm.grad.div_(world)
+        if a.host_sync:
+            norms = [prm.grad.norm().item() for prm in model.parameters() if prm.grad is not None]
+            _ = max(norms)
+        opt.step()
+        opt.zero_grad(set_to_none=not a.cuda_graph)
+        return loss
+
+    step_fn = train_step
+    if a.cuda_graph:
+        static_x, static_y = batch_of(batch)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                train_step(static_x, static_y)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_loss = train_step(static_x, static_y)
+
+        def graph_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            static_x.copy_(x)
+            static_y.copy_(y)
+            graph.replay()
+            return static_loss
+
+        step_fn = graph_step
+
+    batches = [batch_of(batch) for _ in range(4)]
+
+    def host_delay() -> None:
+        if a.slow_rank_ms and rank == world - 1:
+            end = time.perf_counter() + a.slow_rank_ms / 1000.0
+            while time.perf_counter() < end:  # busy host work, like a slow data loader on one rank
+                pass
+
+    # Warm up, then time steps without the profiler: the realised step time.
+    for i in range(5):
+        host_delay()
+        step_fn(*batches[i % 4])
+    sync(device)
+    t0 = time.perf_counter()
+    for i in range(a.timed_steps):
+        if i == a.nvtx_step and device == "cuda":
+            torch.cuda.nvtx.range_push("ncu_step")
+        host_delay()
+        step_fn(*batches[i % 4])
+        if i == a.nvtx_step and device == "cuda":
+            torch.cuda.nvtx.range_pop()
+    sync(device)
+    step_ms = (time.perf_counter() - t0) * 1000.0 / a.timed_steps
+    write_timing(a, rank, world, step_ms, batch, seq)
+
+    if a.no_profile:
+        return
+    out = a.out.replace("RANK", str(rank))
+    prof = make_profiler(out, wait=1, warmup=2, active=a.active, device=device)
+    with prof:
+        for i in range(3 + a.active):
+            host_delay()
+            step_fn(*batches[i % 4])
+            prof.step()
+    if a.ddp:
+        import torch.distributed as dist
+
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def run_decode(a, model: GPT, dev: torch.device, vocab: int, seq: int, batch: int, use_bf16: bool) -> None:
+    """Greedy generation with a KV cache: one profiler step per generated token."""
+    model = model.to(torch.bfloat16 if use_bf16 else torch.float32).eval()
+    dtype = next(model.parameters()).dtype
+    d = model.tok.weight.shape[1]
+    for blk in model.blocks:
+        shape = (batch, blk.heads, seq, d // blk.heads)
+        blk.k_cache = torch.zeros(shape, device=dev, dtype=dtype)
+        blk.v_cache = torch.zeros(shape, device=dev, dtype=dtype)
+    prompt_len = 32
+    prompt = torch.randint(0, vocab, (batch, prompt_len), device=dev)
+
+    def generate(n: int, prof: torch.profiler.profile | None = None) -> float:
+        with torch.no_grad():
+            logits = model(prompt, pos=0)
+            tok = logits[:, -1:].argmax(-1)
+            sync(a.device)
+            t0 = time.perf_counter()
+            for i in range(n):
+                logits = model(tok, pos=prompt_len + i)
+                tok = logits[:, -1:].argmax(-1)
+                if prof is not None:
+                    prof.step()
+            sync(a.device)
+            return (time.perf_counter() - t0) * 1000.0 / n
+
+    generate(8)
+    step_ms = generate(a.timed_steps * 5)
+    write_timing(a, 0, 1, step_ms, batch, 1)
+    if a.no_profile:
+        return
+    prof = make_profiler(a.out, wait=1, warmup=2, active=a.active, device=a.device)
+    with prof:
+        generate(3 + a.active, prof)
+
+
+def write_timing(a, rank: int, world: int, step_ms: float, batch: int, seq: int) -> None:
+    if not a.timing_out:
+        return
+    rec = {
+        "argv": vars(a),
+        "rank": rank,
+        "world_size": world,
+        "step_ms": step_ms,
+        "tokens_per_step": batch * seq,
+        "timed_steps": a.timed_steps,
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
+    }
+    path = a.timing_out.replace("RANK", str(rank))
+    with open(path, "w") as f:
+        json.dump(rec, f, indent=1)
+    print(f"[rank {rank}] step {step_ms:.3f} ms  ({path})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
