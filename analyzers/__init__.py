@@ -1,0 +1,63 @@
+"""The analyzer registry: every analyzer gpuprof runs, listed explicitly, in one place.
+
+An analyzer is a pure function ``(analysis) -> list[Finding]`` that reads the trace model and
+roofline frames and never mutates them. Each declares what it needs (GPU events, shapes, several
+ranks, NVML samples); when a trace lacks it, the analyzer is skipped and the report says why.
+Findings are ranked by estimated saving, best first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from gpuprof.findings import Finding
+
+if TYPE_CHECKING:
+    from gpuprof.api import Analysis
+
+
+@dataclass(frozen=True)
+class Analyzer:
+    name: str
+    run: Callable[["Analysis"], list[Finding]]
+    needs: tuple[str, ...] = ()  # "gpu", "shapes", "multi_rank", "spec"
+
+
+#: Every analyzer, in the order they run. Add new ones here (issue: analyzers).
+REGISTRY: tuple[Analyzer, ...] = ()
+
+
+def _unmet(analysis: "Analysis", needs: tuple[str, ...]) -> str | None:
+    ranks = analysis.ranks
+    if "gpu" in needs and not any(r.trace.has_gpu for r in ranks):
+        return "the trace has no GPU events"
+    if "shapes" in needs and not any(r.trace.meta.record_shapes for r in ranks):
+        return "the trace has no input shapes (record_shapes=False)"
+    if "multi_rank" in needs and len(ranks) < 2:
+        return "needs traces of two or more ranks"
+    if "spec" in needs and analysis.spec is None:
+        return "the GPU is unknown (pass --gpu NAME or --gpu-spec FILE)"
+    return None
+
+
+def rank_findings(findings: Sequence[Finding]) -> list[Finding]:
+    """Best first: larger estimated saving, then higher confidence, then id for a stable order."""
+    conf = {"high": 0, "medium": 1, "low": 2}
+    return sorted(findings, key=lambda f: (-f.estimated_savings_ms, conf.get(f.confidence, 3), f.id))
+
+
+def run_analyzers(analysis: "Analysis", only: Sequence[str] | None = None,
+                  registry: Sequence[Analyzer] | None = None) -> tuple[list[Finding], list[dict[str, str]]]:
+    """Run the registered analyzers (or those named in ``only``); return findings and skips."""
+    findings: list[Finding] = []
+    skipped: list[dict[str, str]] = []
+    for a in (REGISTRY if registry is None else registry):
+        if only is not None and a.name not in only:
+            continue
+        why = _unmet(analysis, a.needs)
+        if why:
+            skipped.append({"analyzer": a.name, "reason": why})
+            continue
+        findings.extend(a.run(analysis))
+    return rank_findings(findings), skipped

@@ -1,0 +1,277 @@
+"""The public API: ``gpuprof.analyze(path_or_paths) -> Analysis``.
+
+A path is a Kineto trace file (``.json`` or ``.json.gz``), a folder of per-rank trace files, or
+a run folder written by ``gpuprof record`` (it has a ``manifest.json``). Nothing is re-run:
+analysis only reads what was recorded.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+import gpuprof
+from gpuprof.errors import GpuprofError, TraceError
+from gpuprof.findings import Finding
+from gpuprof.roofline import classify
+from gpuprof.specs import GpuSpec, resolve
+from gpuprof.timeline import CLASSES, StepSummary, summarize
+from gpuprof.trace.load import load_trace
+from gpuprof.trace.model import RankTrace
+
+TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
+SCHEMA_VERSION = 1
+
+
+def _is_trace_name(p: Path) -> bool:
+    return p.is_file() and p.name.endswith(TRACE_SUFFIXES) and p.name != "manifest.json"
+
+
+def find_traces(paths: Sequence[str | Path]) -> list[Path]:
+    """Trace files named by ``paths``: files as given; folders by manifest, else every trace file."""
+    out: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if not p.exists():
+            raise TraceError("no such file or folder", str(p))
+        if p.is_file():
+            out.append(p)
+            continue
+        manifest = p / "manifest.json"
+        if manifest.is_file():
+            try:
+                doc = json.loads(manifest.read_text())
+                listed = [p / t["path"] for t in doc.get("traces", [])]
+            except (OSError, ValueError, TypeError, KeyError) as e:
+                raise TraceError(f"unreadable run manifest ({e.__class__.__name__}: {e})", str(manifest)) from None
+            if not listed:
+                raise TraceError("the run folder's manifest lists no traces (did the program reach the profiled steps?)",
+                                 str(manifest))
+            out.extend(listed)
+            continue
+        found = sorted(f for f in p.iterdir() if _is_trace_name(f))
+        if not found:
+            raise TraceError("folder holds no trace files (*.json, *.json.gz)", str(p))
+        out.extend(found)
+    return out
+
+
+@dataclass(frozen=True)
+class RankResult:
+    trace: RankTrace
+    roofline: pd.DataFrame
+    summary: StepSummary
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """Everything gpuprof found in a set of traces, as pandas frames, a summary and findings."""
+
+    ranks: tuple[RankResult, ...]
+    spec: GpuSpec | None
+    findings: tuple[Finding, ...] = field(default_factory=tuple)
+    skipped: tuple[dict[str, str], ...] = field(default_factory=tuple)
+
+    # --- frames ----------------------------------------------------------------------------
+    @property
+    def kernels(self) -> pd.DataFrame:
+        """Every kernel instance with its roofline columns and a ``rank`` column."""
+        parts = [pd.concat([r.trace.kernels, r.roofline], axis=1).assign(rank=r.trace.meta.rank) for r in self.ranks]
+        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+    @property
+    def ops(self) -> pd.DataFrame:
+        return pd.concat([r.trace.ops.assign(rank=r.trace.meta.rank) for r in self.ranks], ignore_index=True)
+
+    @property
+    def memcpys(self) -> pd.DataFrame:
+        return pd.concat([r.trace.memcpys.assign(rank=r.trace.meta.rank) for r in self.ranks], ignore_index=True)
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        """Per rank and step: window on the GPU timeline and time by class (µs)."""
+        parts = []
+        for r in self.ranks:
+            s = r.trace.steps.merge(r.summary.steps, on="step", how="left")
+            parts.append(s.assign(rank=r.trace.meta.rank))
+        return pd.concat(parts, ignore_index=True)
+
+    @property
+    def kernel_table(self) -> pd.DataFrame:
+        """One row per kernel name as the trace spells it, heaviest first, over the profiled steps."""
+        k = self.kernels
+        if k.empty:
+            return pd.DataFrame(columns=["name", "count", "total_us", "flops", "bytes", "achieved_tflops",
+                                         "achieved_gbps", "bound", "roofline_pct", "engine", "math_dtype", "op"])
+        if (k["step"] >= 0).any():
+            k = k[k["step"] >= 0]
+        modelled = np.isfinite(k["t_roof_us"].to_numpy()) & np.isfinite(k["flops"].to_numpy())
+        k = k.assign(
+            name=k["name"].astype(str),
+            m_dur=np.where(modelled, k["dur"], 0.0),
+            m_flops=np.where(modelled, k["flops"], 0.0),
+            m_bytes=np.where(modelled, k["bytes"], 0.0),
+            m_roof=np.where(modelled, k["t_roof_us"], 0.0),
+            modelled=modelled,
+        )
+        g = k.groupby("name", sort=False)
+        t = g.agg(count=("dur", "size"), total_us=("dur", "sum"), m_dur=("m_dur", "sum"), flops=("m_flops", "sum"),
+                  bytes=("m_bytes", "sum"), m_roof=("m_roof", "sum"), any_model=("modelled", "any"),
+                  kernel_engine=("engine", "first"), math_dtype=("math_dtype", "first"), op=("op_name", "first"))
+        t = t.rename(columns={"kernel_engine": "engine"})
+        bound_time = k.groupby(["name", k["bound"].astype(str)])["dur"].sum().unstack(fill_value=0.0)
+        t["bound"] = bound_time.idxmax(axis=1).reindex(t.index)
+        has = t["any_model"] & (t["m_dur"] > 0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t["achieved_tflops"] = np.where(has, t["flops"] / (t["m_dur"] * 1e-6) / 1e12, np.nan)
+            t["achieved_gbps"] = np.where(has, t["bytes"] / (t["m_dur"] * 1e-6) / 1e9, np.nan)
+            t["roofline_pct"] = np.where(has, 100.0 * t["m_roof"] / t["m_dur"], np.nan)
+        t["flops"] = t["flops"].where(t["any_model"])
+        t["bytes"] = t["bytes"].where(t["any_model"])
+        t = t.reset_index().sort_values("total_us", ascending=False, kind="stable").reset_index(drop=True)
+        return t[["name", "count", "total_us", "flops", "bytes", "achieved_tflops", "achieved_gbps", "bound",
+                  "roofline_pct", "engine", "math_dtype", "op"]]
+
+    # --- summary ---------------------------------------------------------------------------
+    @property
+    def summary(self) -> dict[str, Any]:
+        """Step time, GPU busy %, breakdown and MFU, averaged over ranks (per-rank in ``per_rank``)."""
+        s = [r.summary for r in self.ranks]
+        mfus = [x.mfu_pct for x in s if x.mfu_pct is not None]
+        keys = (*CLASSES, "idle")
+        out: dict[str, Any] = {
+            "steps": int(max(len(r.trace.steps) for r in self.ranks)),
+            "step_time_ms": float(np.mean([x.step_time_ms for x in s])),
+            "gpu_busy_pct": float(np.mean([x.gpu_busy_pct for x in s])),
+            "mfu_pct": float(np.mean(mfus)) if mfus else None,
+            "breakdown_pct": {k: float(np.mean([x.breakdown_pct[k] for x in s])) for k in keys},
+            "steps_source": self.ranks[0].trace.meta.steps_source,
+            "model_flops_per_step": float(np.mean([x.model_flops_per_step for x in s])),
+            "mfu_basis": s[0].mfu_basis,
+            "cost_model_coverage_pct": float(np.mean([x.coverage_pct for x in s])),
+        }
+        if len(s) > 1:
+            out["per_rank"] = [{"rank": r.trace.meta.rank, "step_time_ms": r.summary.step_time_ms,
+                                "gpu_busy_pct": r.summary.gpu_busy_pct,
+                                "communication_pct": r.summary.breakdown_pct["communication"]} for r in self.ranks]
+        return out
+
+    @property
+    def warnings(self) -> list[str]:
+        seen: list[str] = []
+        for r in self.ranks:
+            for w in r.trace.meta.warnings:
+                if w not in seen:
+                    seen.append(w)
+        if self.spec is None:
+            seen.append("unknown GPU: no roofline (pass --gpu NAME or --gpu-spec FILE); kernels are 'unknown'")
+        return seen
+
+    # --- output ----------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON report's document (schema_version 1)."""
+        spec = self.spec
+        meta = self.ranks[0].trace.meta
+        table = self.kernel_table
+        kernels = [
+            {"name": r.name, "count": int(r.count), "total_us": _f(r.total_us), "flops": _f(r.flops),
+             "bytes": _f(r.bytes), "achieved_tflops": _f(r.achieved_tflops), "achieved_gbps": _f(r.achieved_gbps),
+             "bound": str(r.bound), "roofline_pct": _f(r.roofline_pct), "engine": r.engine or None,
+             "math_dtype": r.math_dtype if isinstance(r.math_dtype, str) else None,
+             "op": r.op if isinstance(r.op, str) else None}
+            for r in table.itertuples()
+        ]
+        summary = self.summary
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "tool": {"name": "gpuprof", "version": gpuprof.__version__},
+            "source": {"paths": [r.trace.meta.path for r in self.ranks],
+                       "ranks": [r.trace.meta.rank for r in self.ranks],
+                       "world_size": meta.world_size, "time_origin": meta.time_origin},
+            "gpu": {
+                "name": spec.name if spec else (meta.gpu_name or "unknown"),
+                "device_name": meta.gpu_name,
+                "spec": {
+                    "fp32_tflops": _f(spec.peak("fp32")) if spec else None,
+                    "tf32_tflops": _f(spec.peaks_tflops.get("tf32")) if spec else None,
+                    "bf16_tflops": _f(spec.peaks_tflops.get("bf16")) if spec else None,
+                    "fp8_tflops": _f(spec.peaks_tflops.get("fp8")) if spec else None,
+                    "hbm_gbps": _f(spec.hbm_gbps) if spec else None,
+                    "sm_count": spec.sm_count if spec else None,
+                    "source": spec.source if spec else None,
+                },
+            },
+            "summary": _clean(summary),
+            "kernels": kernels,
+            "findings": [f.to_dict() for f in self.findings],
+            "analyzers_skipped": list(self.skipped),
+            "warnings": self.warnings,
+        }
+
+    def to_json(self, indent: int | None = 1) -> str:
+        from gpuprof.reports.json_report import render_json
+
+        return render_json(self.to_dict(), indent=indent)
+
+    def to_text(self, color: bool = False) -> str:
+        from gpuprof.reports.text import render_text
+
+        return render_text(self.to_dict(), color=color)
+
+
+def _f(x: Any) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if np.isfinite(v) else None
+
+
+def _clean(d: Any) -> Any:
+    if isinstance(d, dict):
+        return {k: _clean(v) for k, v in d.items()}
+    if isinstance(d, list):
+        return [_clean(v) for v in d]
+    if isinstance(d, (float, np.floating)):
+        return _f(d)
+    if isinstance(d, np.integer):
+        return int(d)
+    return d
+
+
+def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gpu_spec: str | None = None,
+            analyzers: Sequence[str] | None = None) -> Analysis:
+    """Load and analyse traces. ``gpu`` overrides the trace's device name (e.g. ``"H100-SXM"``);
+    ``gpu_spec`` is a spec file (``gpuprof calibrate`` output); ``analyzers`` restricts which run."""
+    from gpuprof.analyzers import run_analyzers
+
+    seq = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    files = find_traces(seq)
+    traces = [load_trace(f, fallback_rank=i) for i, f in enumerate(files)]
+    ranks = [t.meta.rank for t in traces]
+    if len(set(ranks)) != len(ranks):  # e.g. several single-GPU traces: keep them apart by order
+        traces = [t if i == 0 else _with_rank(t, i) for i, t in enumerate(traces)]
+    traces.sort(key=lambda t: t.meta.rank)
+    props = [p for t in traces for p in t.meta.device_properties]
+    spec = resolve(props, gpu=gpu, spec_file=gpu_spec)
+    results = []
+    for t in traces:
+        roof = classify(t, spec)
+        results.append(RankResult(t, roof, summarize(t.steps, t.kernels, roof, t.memcpys, spec)))
+    base = Analysis(ranks=tuple(results), spec=spec)
+    findings, skipped = run_analyzers(base, only=analyzers)
+    return Analysis(ranks=tuple(results), spec=spec, findings=tuple(findings), skipped=tuple(skipped))
+
+
+def _with_rank(t: RankTrace, rank: int) -> RankTrace:
+    from dataclasses import replace
+
+    return replace(t, meta=replace(t.meta, rank=rank))
+
+
+__all__ = ["Analysis", "GpuprofError", "RankResult", "analyze", "find_traces"]

@@ -1,0 +1,107 @@
+"""The ``gpuprof`` command line: a thin layer over :mod:`gpuprof.api`.
+
+Every :class:`GpuprofError` becomes one line on stderr and its exit code; no traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+import gpuprof
+from gpuprof.errors import GpuprofError, UsageError
+
+
+def _fail(e: GpuprofError) -> None:
+    click.echo(f"gpuprof: error: {e}", err=True)
+    sys.exit(e.exit_code)
+
+
+def _color() -> bool:
+    return sys.stdout.isatty() and "NO_COLOR" not in os.environ
+
+
+def _write_new(path: Path, text: str, force: bool) -> None:
+    """Write a report without ever replacing an existing file unless --force."""
+    if path.exists() and not force:
+        raise UsageError("exists; choose another -o path or pass --force to replace it", str(path))
+    if path.is_dir():
+        raise UsageError("is a folder; -o takes a file path", str(path))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"cannot write ({e.strerror})", str(path)) from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(gpuprof.__version__, prog_name="gpuprof")
+def main() -> None:
+    """gpuprof: why your GPUs are slow, and what to change first.
+
+    \b
+    Commands:
+      report     analyse Kineto traces (a file, a folder of rank traces, or a run folder)
+      calibrate  measure this GPU's real matmul and memory ceilings into a spec file
+    """
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="text: a terminal summary; json: the full machine-readable report (schema_version 1).")
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the report here instead of stdout.")
+@click.option("--force", is_flag=True, help="Replace the -o file if it exists.")
+@click.option("--gpu", help="Analyse against this GPU's datasheet peaks (e.g. H100-SXM, A100-SXM4-80GB).")
+@click.option("--gpu-spec", type=click.Path(path_type=Path), help="A spec file (from `gpuprof calibrate`).")
+def report(paths: tuple[Path, ...], fmt: str, output: Path | None, force: bool, gpu: str | None,
+           gpu_spec: Path | None) -> None:
+    """Analyse traces and report step time, MFU, roofline classes and findings.
+
+    PATHS are Kineto trace files (.json or .json.gz, as torch.profiler writes them), folders of
+    per-rank traces, or run folders written by `gpuprof record`.
+    """
+    try:
+        analysis = gpuprof.analyze(list(paths), gpu=gpu, gpu_spec=str(gpu_spec) if gpu_spec else None)
+        text = analysis.to_json() if fmt == "json" else analysis.to_text(color=_color() and output is None)
+        if output is None:
+            click.echo(text, nl=False)
+        else:
+            _write_new(output, text, force)
+            click.echo(f"wrote {output}", err=True)
+    except GpuprofError as e:
+        _fail(e)
+
+
+@main.command()
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("gpu_spec.json"), show_default=True,
+              help="Spec file to write (never replaced).")
+def calibrate(output: Path) -> None:
+    """Measure matmul TFLOP/s per dtype and copy bandwidth on this GPU (needs torch with CUDA).
+
+    Use the file with `gpuprof report --gpu-spec FILE` so rooflines use what this card really does.
+    """
+    try:
+        if output.exists():
+            raise UsageError("exists; calibrate never replaces a spec file", str(output))
+        try:
+            from gpuprof.calibrate import calibrate as run
+            spec: dict[str, Any] = run()
+        except ImportError:
+            raise GpuprofError("calibrate needs torch (pip install 'gpuprof[record]')") from None
+        except RuntimeError as e:
+            raise GpuprofError(str(e).splitlines()[0]) from None
+        import json
+
+        _write_new(output, json.dumps(spec, indent=1) + "\n", force=False)
+        click.echo(f"wrote {output}", err=True)
+    except GpuprofError as e:
+        _fail(e)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""Links between frames (kernel → launch → CPU op → ancestors) and the step windows.
+
+All vectorised: the only Python loops run over threads, nesting levels and steps, never events.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpuprof.trace.model import RankTrace, TraceMeta
+
+_PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#")
+
+
+def nest(ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Depth and parent row of each op among the ops of its own thread (properly nested spans).
+
+    An op's depth is the number of spans on its thread still open when it starts; its parent is
+    the latest-starting op one level up that started no later than it did.
+    """
+    n = len(ops)
+    depth = np.zeros(n, dtype=np.int64)
+    parent = np.full(n, -1, dtype=np.int64)
+    if n == 0:
+        return depth, parent
+    # Outer spans first at equal start times: longer duration first.
+    order = np.lexsort((-ops["dur"].to_numpy(), ops["ts"].to_numpy(), ops["tid"].to_numpy(), ops["pid"].to_numpy()))
+    pid, tid = ops["pid"].to_numpy()[order], ops["tid"].to_numpy()[order]
+    ts, end = ops["ts"].to_numpy()[order], ops["end"].to_numpy()[order]
+    bounds = np.flatnonzero((np.diff(pid) != 0) | (np.diff(tid) != 0)) + 1
+    for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, n]):
+        s, e = ts[lo:hi], end[lo:hi]
+        pos = np.arange(hi - lo)
+        closed = np.searchsorted(np.sort(e), s, side="right")  # spans ended at or before each start
+        d = pos - closed + (e <= s)  # a zero-length span counted itself as closed
+        d = np.maximum(d, 0)
+        par = np.full(hi - lo, -1, dtype=np.int64)
+        for level in range(1, int(d.max()) + 1):
+            child = np.flatnonzero(d == level)
+            up = np.flatnonzero(d == level - 1)
+            if len(child) == 0 or len(up) == 0:
+                continue
+            k = np.searchsorted(up, child, side="right") - 1
+            par[child[k >= 0]] = up[k[k >= 0]] + lo
+        depth[order[lo:hi]] = d
+        parent[order[lo:hi]] = np.where(par >= 0, order[np.maximum(par, 0)], -1)
+    return depth, parent
+
+
+def _lookup(keys: np.ndarray, table_keys: np.ndarray, values: np.ndarray, missing: Any) -> np.ndarray:
+    """values[row of table_keys == key] for each key (first occurrence wins), else ``missing``."""
+    if len(table_keys) == 0:
+        return np.full(len(keys), missing, dtype=values.dtype if len(values) else object)
+    uniq, first = np.unique(table_keys, return_index=True)
+    pos = np.searchsorted(uniq, keys)
+    pos = np.clip(pos, 0, len(uniq) - 1)
+    hit = (uniq[pos] == keys) & (keys >= 0)
+    out = np.full(len(keys), missing, dtype=values.dtype)
+    out[hit] = values[first[pos[hit]]]
+    return out
+
+
+def _link_launches(gpu: pd.DataFrame, runtime: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
+    corr = gpu["correlation"].to_numpy()
+    rt_corr = runtime["correlation"].to_numpy()
+    rows = np.arange(len(runtime))
+    rt_row = _lookup(corr, rt_corr, rows, -1)
+    ok = rt_row >= 0
+    gpu["launch_ts"] = np.where(ok, runtime["ts"].to_numpy()[np.maximum(rt_row, 0)] if len(runtime) else np.nan, np.nan)
+    gpu["launch_tid"] = np.where(ok, runtime["tid"].to_numpy()[np.maximum(rt_row, 0)] if len(runtime) else -1, -1)
+    names = runtime["name"].astype(object).to_numpy()
+    gpu["launch_api"] = pd.Categorical(np.where(ok, names[np.maximum(rt_row, 0)] if len(runtime) else None, None))
+    # The launching op: the kernel's own External id, else the launch call's.
+    op_rows = np.arange(len(ops))
+    op_ext = ops["external_id"].to_numpy()
+    op = _lookup(gpu["external_id"].to_numpy(), op_ext, op_rows, -1)
+    rt_ext = np.where(ok, runtime["external_id"].to_numpy()[np.maximum(rt_row, 0)] if len(runtime) else -1, -1)
+    op = np.where(op >= 0, op, _lookup(rt_ext, op_ext, op_rows, -1))
+    gpu["op"] = op
+    return gpu
+
+
+def _step_windows(annotations: pd.DataFrame, ops: pd.DataFrame, runtime: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    cpu = annotations[~annotations["on_gpu"]] if len(annotations) else annotations
+    names = cpu["name"].astype(str) if len(cpu) else pd.Series([], dtype=str)
+    m = names.str.extract(_PROFILER_STEP.pattern, expand=False)
+    if len(cpu) and m.notna().any():
+        sel = cpu[m.notna()]
+        steps = pd.DataFrame({"step": m[m.notna()].astype(np.int64).to_numpy(), "name": sel["name"].astype(str).to_numpy(),
+                              "cpu_start": sel["ts"].to_numpy(), "cpu_end": sel["end"].to_numpy()})
+        return steps.sort_values("cpu_start").drop_duplicates("step").reset_index(drop=True), "ProfilerStep"
+    opt = names.str.contains(_OPTIMIZER_STEP.pattern) if len(cpu) else pd.Series([], dtype=bool)
+    starts = [f["ts"].min() for f in (ops, runtime, annotations) if len(f)]
+    t_first = float(min(starts)) if starts else 0.0
+    if len(cpu) and opt.any():
+        ends = np.sort(cpu[opt]["end"].to_numpy())
+        begins = np.r_[t_first, ends[:-1]]
+        return pd.DataFrame({"step": np.arange(len(ends)), "name": [f"optimizer step {i}" for i in range(len(ends))],
+                             "cpu_start": begins, "cpu_end": ends}), "optimizer"
+    ends_all = [f["end"].max() for f in (ops, runtime, annotations) if len(f)]
+    t_last = float(max(ends_all)) if ends_all else t_first
+    return pd.DataFrame({"step": [0], "name": ["whole trace"], "cpu_start": [t_first], "cpu_end": [t_last]}), "whole trace"
+
+
+def _assign(times: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
+    """Index of the step whose CPU window holds each time, else -1."""
+    if len(steps) == 0:
+        return np.full(len(times), -1, dtype=np.int64)
+    starts, ends = steps["cpu_start"].to_numpy(), steps["cpu_end"].to_numpy()
+    k = np.searchsorted(starts, times, side="right") - 1
+    kk = np.maximum(k, 0)
+    ok = (k >= 0) & (times < ends[kk]) & np.isfinite(times)
+    return np.where(ok, kk, -1)
+
+
+def _gpu_times(steps: pd.DataFrame, kernels: pd.DataFrame, memcpys: pd.DataFrame) -> pd.DataFrame:
+    """Step windows on the GPU timeline.
+
+    The CPU runs ahead of the GPU, so CPU spans misstate step time. A step starts on the GPU when
+    both its CPU span has begun and the GPU has finished earlier work (the previous step's, or
+    work launched before the profiled window), and ends when its last kernel or copy ends.
+    """
+    gpu = pd.concat([kernels[["ts", "end", "step"]], memcpys[["ts", "end", "step"]]], ignore_index=True)
+    g = gpu[gpu["step"] >= 0].groupby("step")
+    first, last, count = g["ts"].min(), g["end"].max(), g.size()
+    steps["gpu_start"] = first.reindex(range(len(steps))).to_numpy()
+    steps["gpu_end"] = last.reindex(range(len(steps))).to_numpy()
+    steps["kernels"] = count.reindex(range(len(steps))).fillna(0).astype(np.int64).to_numpy()
+    prev_end = np.r_[np.nan, steps["gpu_end"].to_numpy()[:-1]]
+    if len(steps) and np.isfinite(steps["gpu_start"].iloc[0]):
+        earlier = gpu[(gpu["step"] < 0) & (gpu["ts"] < steps["gpu_start"].iloc[0])]
+        prev_end[0] = earlier["end"].max() if len(earlier) else np.nan
+    start = np.fmax(steps["cpu_start"].to_numpy(), prev_end)
+    start = np.fmin(start, steps["gpu_start"].to_numpy())  # never after the step's own first kernel
+    has_gpu = np.isfinite(steps["gpu_start"].to_numpy())
+    steps["start"] = np.where(has_gpu, start, steps["cpu_start"].to_numpy())
+    steps["end"] = np.where(has_gpu, steps["gpu_end"].to_numpy(), steps["cpu_end"].to_numpy())
+    steps["time"] = steps["end"] - steps["start"]
+    return steps
+
+
+def attach_links(kernels: pd.DataFrame, memcpys: pd.DataFrame, ops: pd.DataFrame, runtime: pd.DataFrame,
+                 annotations: pd.DataFrame, meta_kwargs: dict[str, Any], warnings: list[str]) -> RankTrace:
+    depth, parent = nest(ops)
+    ops["depth"], ops["parent"] = depth, parent
+    kernels = _link_launches(kernels, runtime, ops)
+    memcpys = _link_launches(memcpys, runtime, ops)
+    steps, source = _step_windows(annotations, ops, runtime)
+    if source == "whole trace":
+        warnings.append("no ProfilerStep or optimizer-step annotations: the whole trace is analysed as one step")
+    for frame, col in ((ops, "ts"), (runtime, "ts")):
+        frame["step"] = _assign(frame[col].to_numpy(), steps)
+    for frame in (kernels, memcpys):
+        frame["step"] = _assign(frame["launch_ts"].to_numpy(), steps)
+        if source == "whole trace":
+            frame["step"] = 0
+    steps = _gpu_times(steps, kernels, memcpys)
+    comm = kernels[kernels["is_comm"]]
+    collectives = pd.DataFrame({
+        "kernel": comm.index.to_numpy(), "name": comm["name"].astype(str).to_numpy(),
+        "collective": comm["collective"].astype(object).to_numpy(), "dtype": comm["coll_dtype"].astype(object).to_numpy(),
+        "in_nelems": comm["in_nelems"].to_numpy(), "out_nelems": comm["out_nelems"].to_numpy(),
+        "group_size": comm["group_size"].to_numpy(), "process_group": comm["process_group"].astype(object).to_numpy(),
+        "ts": comm["ts"].to_numpy(), "dur": comm["dur"].to_numpy(), "step": comm["step"].to_numpy(),
+    })
+    meta = TraceMeta(steps_source=source, warnings=tuple(warnings), **meta_kwargs)
+    return RankTrace(meta=meta, kernels=kernels, memcpys=memcpys, ops=ops, runtime=runtime,
+                     annotations=annotations, steps=steps, collectives=collectives)

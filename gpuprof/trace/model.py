@@ -1,0 +1,84 @@
+"""The read-only trace model: one :class:`RankTrace` per Kineto file, its columns documented here.
+
+Times are float microseconds since the rank's time origin ``t0``; ``t0_epoch_ns`` is that origin
+in Unix nanoseconds (``baseTimeNanoseconds + first ts``; old traces carry absolute µs), so NVML
+samples and other ranks line up. Integer ids that a trace lacks are -1; missing numbers are NaN.
+Analyzers must not mutate these frames (``tests/test_readonly.py`` checks it).
+
+kernels
+    name (category), ts, dur, end, device, stream, correlation, external_id, grid_x/y/z,
+    block_x/y/z, blocks (grid size), threads_per_block, registers, shared_mem, occupancy
+    (est. achieved %, NaN where the trace has 0: cluster launches such as nvjet and NCCL),
+    and, from links: launch_ts, launch_tid, launch_api (cudaLaunchKernel, cuLaunchKernelEx,
+    cudaGraphLaunch...), op (row of ``ops``, -1 if none), step (-1 outside any step),
+    is_comm (NCCL/communication kernel).
+memcpys
+    name, kind (HtoD, DtoH, DtoD, PtoP, Memset), src, dst (Pageable, Pinned, Device, ...),
+    bytes, ts, dur, end, device, stream, correlation, external_id, launch_ts, launch_tid,
+    launch_api, op, step.
+ops
+    name (category), ts, dur, end, pid, tid, external_id, sequence_number, fwd_thread_id,
+    input_dims, input_types, input_strides, concrete_inputs (objects, None when not recorded),
+    depth (nesting depth on its thread, 0 = top level), parent (row of ``ops``, -1), step.
+runtime
+    name (category), api (runtime or driver), ts, dur, end, pid, tid, correlation, external_id,
+    step.
+annotations
+    name, ts, dur, end, pid, tid, on_gpu (gpu_user_annotation), device, stream, external_id.
+steps
+    step (the N of ProfilerStep#N, or an ordinal), name, cpu_start, cpu_end, gpu_start,
+    gpu_end, start (the step's start on the GPU timeline), end, time (µs), kernels.
+collectives
+    kernel (row of ``kernels``), name, collective, dtype, in_nelems, out_nelems, group_size,
+    process_group, ts, dur, step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class TraceMeta:
+    path: str
+    rank: int
+    world_size: int
+    device_properties: list[dict[str, Any]]
+    distributed_info: dict[str, Any] | None
+    t0_epoch_ns: int
+    time_origin: str  # "baseTimeNanoseconds" or "absolute-us"
+    schema_version: Any
+    trace_name: str | None
+    record_shapes: bool
+    with_stack: bool
+    steps_source: str  # "ProfilerStep", "optimizer", or "whole trace"
+    events: int
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def gpu_name(self) -> str | None:
+        for p in self.device_properties:
+            if isinstance(p.get("name"), str):
+                return str(p["name"])
+        return None
+
+
+@dataclass(frozen=True)
+class RankTrace:
+    """One rank's trace as columnar frames (see the module docstring for the columns)."""
+
+    meta: TraceMeta
+    kernels: pd.DataFrame
+    memcpys: pd.DataFrame
+    ops: pd.DataFrame
+    runtime: pd.DataFrame
+    annotations: pd.DataFrame
+    steps: pd.DataFrame
+    collectives: pd.DataFrame
+
+    @property
+    def has_gpu(self) -> bool:
+        return len(self.kernels) + len(self.memcpys) > 0

@@ -1,0 +1,1 @@
+"""Renderers: they format the plain report document (``Analysis.to_dict()``) and compute nothing."""
