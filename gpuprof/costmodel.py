@@ -72,7 +72,7 @@ def _tensors(dims: list[Any], types: list[Any]) -> list[tuple[list[int], str]]:
     """(shape, type) of each tensor argument (scalars and empty shapes are not tensors here)."""
     out = []
     for d, t in zip(dims, types):
-        if isinstance(t, str) and t in ELT_BYTES and isinstance(d, list) and all(isinstance(v, int) for v in d):
+        if isinstance(t, str) and t in ELT_BYTES and _is_shape(d):
             out.append((d, t))
     return out
 
@@ -450,23 +450,34 @@ def cost_of(name: str, dims: Any, types: Any, concrete: Any) -> Cost | None:
 
 
 def op_costs(ops: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
-    """flops, bytes, dtype and family for the given op rows (NaN/None where no rule applies)."""
+    """flops, bytes, dtype and family for the given op rows (NaN/None where no rule applies).
+
+    Arguments arrive as the JSON Kineto recorded; each distinct (name, arguments) signature
+    is parsed and modelled once.
+    """
+    from gpuprof.trace.load import parse_arg
+
     rows = np.unique(rows[rows >= 0])
     sub = ops.iloc[rows]
-    keys = [
-        (n, repr(d), repr(t), repr(c))
-        for n, d, t, c in zip(sub["name"].astype(str), sub["input_dims"], sub["input_types"], sub["concrete_inputs"])
-    ]
-    cache: dict[tuple[str, str, str, str], Cost | None] = {}
+    names, dims, types, conc = (sub[c].to_numpy() for c in ("name", "input_dims", "input_types", "concrete_inputs"))
+    cache: dict[tuple[Any, ...], Cost | None] = {}
     flops = np.full(len(rows), np.nan)
     nbytes = np.full(len(rows), np.nan)
     dtype = np.empty(len(rows), dtype=object)
     family = np.empty(len(rows), dtype=object)
-    names, dims, types, conc = (sub[c].to_numpy() for c in ("name", "input_dims", "input_types", "concrete_inputs"))
-    for i, key in enumerate(keys):  # one rule evaluation per distinct signature
-        if key not in cache:
-            cache[key] = cost_of(str(names[i]), dims[i], types[i], conc[i])
-        c = cache[key]
+    for i in range(len(rows)):  # a dict lookup per op; a rule evaluation per distinct signature
+        key = (names[i], dims[i], types[i], conc[i])
+        c = cache.get(key, _MISSING)
+        if c is _MISSING:
+            c = cache[key] = cost_of(str(names[i]), _arg(dims[i], parse_arg), _arg(types[i], parse_arg),
+                                     _arg(conc[i], parse_arg))
         if c is not None:
-            flops[i], nbytes[i], dtype[i], family[i] = c.flops, c.bytes, c.dtype, c.family
+            flops[i], nbytes[i], dtype[i], family[i] = c.flops, c.bytes, c.dtype, c.family  # type: ignore[union-attr]
     return pd.DataFrame({"flops": flops, "bytes": nbytes, "dtype": dtype, "family": family}, index=rows)
+
+
+_MISSING = object()
+
+
+def _arg(value: Any, parse: Callable[[Any], Any]) -> Any:
+    return parse(value) if isinstance(value, (bytes, str)) else value

@@ -7,6 +7,7 @@ bucketed by category once; every later step works on whole columns.
 
 from __future__ import annotations
 
+import gc
 import gzip
 import re
 import zlib
@@ -22,6 +23,9 @@ from gpuprof.trace.links import attach_links
 from gpuprof.trace.model import RankTrace, TraceMeta
 
 
+_NO_RAW = msgspec.Raw(b"")
+
+
 class _Args(msgspec.Struct, omit_defaults=True):
     external_id: Any = msgspec.field(default=None, name="External id")
     correlation: Any = None
@@ -32,10 +36,11 @@ class _Args(msgspec.Struct, omit_defaults=True):
     registers: Any = msgspec.field(default=None, name="registers per thread")
     shared_memory: Any = msgspec.field(default=None, name="shared memory")
     occupancy: Any = msgspec.field(default=None, name="est. achieved occupancy %")
-    input_dims: Any = msgspec.field(default=None, name="Input Dims")
-    input_type: Any = msgspec.field(default=None, name="Input type")
-    input_strides: Any = msgspec.field(default=None, name="Input Strides")
-    concrete_inputs: Any = msgspec.field(default=None, name="Concrete Inputs")
+    # Shapes stay raw JSON text until an analysis needs them: most ops' shapes are never read.
+    input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
+    input_strides: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Strides")
+    concrete_inputs: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Concrete Inputs")
     sequence_number: Any = msgspec.field(default=None, name="Sequence number")
     fwd_thread_id: Any = msgspec.field(default=None, name="Fwd thread id")
     bytes: Any = None
@@ -100,6 +105,8 @@ def read_bytes(path: Path) -> bytes:
 def _decode(path: Path, data: bytes) -> _TraceFile:
     if not data.strip():
         raise TraceError("empty file", str(path))
+    gc_was_on = gc.isenabled()
+    gc.disable()  # millions of small acyclic objects: collection passes would only cost time
     try:
         doc = _DECODER.decode(data)
     except msgspec.DecodeError as e:
@@ -107,6 +114,9 @@ def _decode(path: Path, data: bytes) -> _TraceFile:
         if "truncated" in msg.lower():
             raise TraceError("truncated JSON (was the run killed while the trace was written?)", str(path)) from None
         raise TraceError(f"not a Kineto trace: {msg}", str(path)) from None
+    finally:
+        if gc_was_on:
+            gc.enable()
     if isinstance(doc, list):  # a bare chrome-trace event array
         doc = _TraceFile(traceEvents=doc)
     if doc.traceEvents is None:
@@ -121,6 +131,21 @@ def _num(values: list[Any], dtype: str = "float64") -> np.ndarray:
     return np.fromiter(
         (v if type(v) in (int, float) else np.nan for v in values), dtype=np.float64, count=len(values)
     )
+
+
+def _raw_text(raw: msgspec.Raw) -> bytes | None:
+    """JSON of a raw argument (copied, so the file's buffer can be freed); None if absent."""
+    return bytes(raw) if len(raw) else None
+
+
+def parse_arg(text: bytes | str | None) -> Any:
+    """Parse an op argument column value (``input_dims``, ``concrete_inputs``, ...) to Python."""
+    if text is None:
+        return None
+    try:
+        return msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        return None
 
 
 def _xyz(values: list[Any]) -> np.ndarray:
@@ -218,10 +243,9 @@ def _ops(evs: list[_Event], t_origin: float) -> pd.DataFrame:
     df["external_id"] = _num([x.external_id for x in a], "int64")
     df["sequence_number"] = _num([x.sequence_number for x in a], "int64")
     df["fwd_thread_id"] = _num([x.fwd_thread_id for x in a], "int64")
-    df["input_dims"] = pd.Series([x.input_dims for x in a], dtype=object)
-    df["input_types"] = pd.Series([x.input_type for x in a], dtype=object)
-    df["input_strides"] = pd.Series([x.input_strides for x in a], dtype=object)
-    df["concrete_inputs"] = pd.Series([x.concrete_inputs for x in a], dtype=object)
+    for col, field in (("input_dims", "input_dims"), ("input_types", "input_type"),
+                       ("input_strides", "input_strides"), ("concrete_inputs", "concrete_inputs")):
+        df[col] = pd.Series([_raw_text(getattr(x, field)) for x in a], dtype=object)
     return df
 
 

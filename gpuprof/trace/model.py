@@ -18,7 +18,8 @@ memcpys
     launch_api, op, step.
 ops
     name (category), ts, dur, end, pid, tid, external_id, sequence_number, fwd_thread_id,
-    input_dims, input_types, input_strides, concrete_inputs (objects, None when not recorded),
+    input_dims, input_types, input_strides, concrete_inputs (the JSON bytes Kineto recorded, None
+    when not recorded; ``gpuprof.trace.load.parse_arg`` turns one into Python lists),
     depth (nesting depth on its thread, 0 = top level), parent (row of ``ops``, -1), step.
 runtime
     name (category), api (runtime or driver), ts, dur, end, pid, tid, correlation, external_id,
