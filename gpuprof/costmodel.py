@@ -81,6 +81,23 @@ def _nbytes(shape: list[int], t: str) -> int:
     return _numel(shape) * ELT_BYTES.get(t, 4)
 
 
+def _stored(shape: list[int], stride: Any) -> int:
+    """Distinct elements a tensor reads: an expanded (stride-0) dimension is stored once."""
+    if not (isinstance(stride, list) and len(stride) == len(shape) and all(isinstance(x, int) for x in stride)):
+        return _numel(shape)
+    return math.prod(n for n, st in zip(shape, stride) if st != 0)
+
+
+def _stored_bytes(dims: list[Any], types: list[Any], strides: list[Any]) -> list[int]:
+    """Bytes each tensor argument really occupies (0 for non-tensors), honouring expanded strides."""
+    out = []
+    for i, (d, t) in enumerate(zip(dims, types)):
+        st = strides[i] if i < len(strides) else None
+        ok = isinstance(t, str) and t in ELT_BYTES and _is_shape(d)
+        out.append(_stored(d, st) * ELT_BYTES[t] if ok else 0)
+    return out
+
+
 def _broadcast(shapes: list[list[int]]) -> list[int]:
     rank = max((len(s) for s in shapes), default=0)
     out = [1] * rank
@@ -263,7 +280,8 @@ ELEMENTWISE = {
 }
 
 
-def _elementwise(name: str, dims: list[Any], types: list[Any], family: str = "elementwise") -> Cost | None:
+def _elementwise(name: str, dims: list[Any], types: list[Any], strides: list[Any],
+                 family: str = "elementwise") -> Cost | None:
     ts = _tensors(dims, types)
     if not ts:
         return None
@@ -272,7 +290,7 @@ def _elementwise(name: str, dims: list[Any], types: list[Any], family: str = "el
     if name.endswith("_"):  # in place: the first argument is the output
         out_shape, out_t = ts[0]
     out = _numel(out_shape)
-    moved = sum(_nbytes(s, t) for s, t in ts) + out * ELT_BYTES.get(out_t, 4)
+    moved = sum(_stored_bytes(dims, types, strides)) + out * ELT_BYTES.get(out_t, 4)
     float_t = next((t for _, t in ts if _dt(t) in ("fp32", "bf16", "fp16", "fp64")), ts[0][1])
     return Cost(float(out), float(moved), _dt(float_t), family)
 
@@ -388,12 +406,17 @@ def _embedding_bwd(dims: list[Any], types: list[Any], concrete: list[Any]) -> Co
                 _dt(types[0]), "embedding")
 
 
-@rule("aten::gather", "aten::scatter_add_", "aten::scatter_add", "aten::index_add_")
-def _gather(dims: list[Any], types: list[Any], concrete: list[Any]) -> Cost | None:
+def _gather(dims: list[Any], types: list[Any], concrete: list[Any], strides: list[Any]) -> Cost | None:
+    """gather/scatter_add(self, dim, index, ...): reads |index| values and the index, writes |index|."""
     if len(dims) < 3 or not _is_shape(dims[2]):
         return None
     n, e = _numel(dims[2]), ELT_BYTES.get(types[0], 4)
-    return Cost(0.0, float(n * (8 + 2 * e)), _dt(types[0]), "embedding")
+    index = _stored(dims[2], strides[2] if len(strides) > 2 else None) * 8
+    return Cost(0.0, float(index + 2 * n * e), _dt(types[0]), "embedding")
+
+
+_STRIDED: dict[str, Callable[[list[Any], list[Any], list[Any], list[Any]], Cost | None]] = {
+    n: _gather for n in ("aten::gather", "aten::scatter_add_", "aten::scatter_add", "aten::index_add_")}
 
 
 @rule("aten::nll_loss_forward", "aten::nll_loss2d_forward")
@@ -431,17 +454,24 @@ def _cat(dims: list[Any], types: list[Any], concrete: list[Any]) -> Cost | None:
     return Cost(0.0, float(2 * lists[0] * TENSORLIST_ELT), "fp32", "copy") if lists else None
 
 
-def cost_of(name: str, dims: Any, types: Any, concrete: Any) -> Cost | None:
-    """The cost of one op from its recorded arguments, or None when no rule applies."""
+def cost_of(name: str, dims: Any, types: Any, concrete: Any, strides: Any = None) -> Cost | None:
+    """The cost of one op from its recorded arguments, or None when no rule applies.
+
+    ``strides`` (Kineto's "Input Strides") lets memory-bound rules count an expanded tensor's
+    stored elements once instead of its broadcast size.
+    """
     if not isinstance(dims, list) or not isinstance(types, list):
         return None
     concrete = concrete if isinstance(concrete, list) else []
+    strides = strides if isinstance(strides, list) else []
     fn = _RULES.get(name)
     try:
         if fn is not None:
             return fn(dims, types, concrete)
+        if name in _STRIDED:
+            return _STRIDED[name](dims, types, concrete, strides)
         if name in ELEMENTWISE:
-            return _elementwise(name, dims, types)
+            return _elementwise(name, dims, types, strides)
         if name.startswith("aten::_foreach_") or name.startswith("aten::_fused_adam"):
             return _foreach(name, dims, types, concrete)
     except (IndexError, TypeError, ValueError, ZeroDivisionError):
@@ -459,18 +489,19 @@ def op_costs(ops: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
 
     rows = np.unique(rows[rows >= 0])
     sub = ops.iloc[rows]
-    names, dims, types, conc = (sub[c].to_numpy() for c in ("name", "input_dims", "input_types", "concrete_inputs"))
+    names, dims, types, conc, strd = (sub[c].to_numpy() for c in
+                                      ("name", "input_dims", "input_types", "concrete_inputs", "input_strides"))
     cache: dict[tuple[Any, ...], Cost | None] = {}
     flops = np.full(len(rows), np.nan)
     nbytes = np.full(len(rows), np.nan)
     dtype = np.empty(len(rows), dtype=object)
     family = np.empty(len(rows), dtype=object)
     for i in range(len(rows)):  # a dict lookup per op; a rule evaluation per distinct signature
-        key = (names[i], dims[i], types[i], conc[i])
+        key = (names[i], dims[i], types[i], conc[i], strd[i])
         c = cache.get(key, _MISSING)
         if c is _MISSING:
             c = cache[key] = cost_of(str(names[i]), _arg(dims[i], parse_arg), _arg(types[i], parse_arg),
-                                     _arg(conc[i], parse_arg))
+                                     _arg(conc[i], parse_arg), _arg(strd[i], parse_arg))
         if c is not None:
             flops[i], nbytes[i], dtype[i], family[i] = c.flops, c.bytes, c.dtype, c.family  # type: ignore[union-attr]
     return pd.DataFrame({"flops": flops, "bytes": nbytes, "dtype": dtype, "family": family}, index=rows)

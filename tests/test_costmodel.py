@@ -77,3 +77,16 @@ def test_unknown_or_malformed_ops_have_no_model() -> None:
     assert cost_of("aten::mm", [[8, 8, 8], [8]], [F32, F32], []) is None  # not 2-D: no guess
     assert cost_of("aten::mm", None, None, None) is None
     assert cost_of("aten::_fused_adamw_", [[], [], []], ["TensorList"] * 3, []) is None  # shapes not recorded
+
+
+def test_expanded_inputs_count_stored_elements_once() -> None:
+    """Real case from gpt_bf16: cross-entropy's gather reads an index expanded along dim 1."""
+    dims = [[50304, 768], [], [4096, 768], [], [4096, 768]]
+    types = [F32, "Scalar", "long int", "Scalar", F32]
+    dense = cost_of("aten::gather", dims, types, [], [[768, 1], [], [768, 1], [], [768, 1]])
+    expanded = cost_of("aten::gather", dims, types, [], [[768, 1], [], [1, 0], [], [768, 1]])
+    assert dense is not None and expanded is not None
+    assert dense.bytes - expanded.bytes == (4096 * 768 - 4096) * 8
+    bias = cost_of("aten::add", [[8, 512, 768], [8, 512, 768], []], [F32, F32, "Scalar"], [],
+                   [[393216, 768, 1], [0, 768, 1], []])
+    assert bias is not None and bias.bytes == (8 * 512 * 768 + 512 * 768 + 8 * 512 * 768) * 4
