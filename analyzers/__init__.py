@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from gpuprof.analyzers import attention_fusion, host_gaps, precision, shape_alignment
+from gpuprof.analyzers._base import Candidate, finalize
 from gpuprof.findings import Finding
 
 if TYPE_CHECKING:
@@ -20,12 +22,19 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Analyzer:
     name: str
-    run: Callable[["Analysis"], list[Finding]]
+    run: Callable[["Analysis"], list[Candidate]]
     needs: tuple[str, ...] = ()  # "gpu", "shapes", "multi_rank", "spec"
 
 
-#: Every analyzer, in the order they run. Add new ones here (issue: analyzers).
-REGISTRY: tuple[Analyzer, ...] = ()
+#: Every analyzer, in the order they run. Add new ones here.
+REGISTRY: tuple[Analyzer, ...] = (
+    Analyzer("precision", precision.run, ("gpu", "shapes", "spec")),
+    Analyzer("shape_alignment", shape_alignment.run, ("gpu", "shapes", "spec")),
+    Analyzer("attention_fusion", attention_fusion.run, ("gpu", "shapes", "spec")),
+    Analyzer("input_pipeline", host_gaps.input_pipeline, ("gpu",)),
+    Analyzer("host_sync", host_gaps.host_sync, ("gpu",)),
+    Analyzer("launch_overhead", host_gaps.launch_overhead, ("gpu",)),
+)
 
 
 def _unmet(analysis: "Analysis", needs: tuple[str, ...]) -> str | None:
@@ -49,8 +58,8 @@ def rank_findings(findings: Sequence[Finding]) -> list[Finding]:
 
 def run_analyzers(analysis: "Analysis", only: Sequence[str] | None = None,
                   registry: Sequence[Analyzer] | None = None) -> tuple[list[Finding], list[dict[str, str]]]:
-    """Run the registered analyzers (or those named in ``only``); return findings and skips."""
-    findings: list[Finding] = []
+    """Run the registered analyzers (or those named in ``only``); return ranked findings and skips."""
+    candidates: list[Candidate] = []
     skipped: list[dict[str, str]] = []
     for a in (REGISTRY if registry is None else registry):
         if only is not None and a.name not in only:
@@ -59,5 +68,5 @@ def run_analyzers(analysis: "Analysis", only: Sequence[str] | None = None,
         if why:
             skipped.append({"analyzer": a.name, "reason": why})
             continue
-        findings.extend(a.run(analysis))
-    return rank_findings(findings), skipped
+        candidates.extend(a.run(analysis))
+    return rank_findings(finalize(analysis, candidates)), skipped

@@ -66,6 +66,7 @@ class RankResult:
     trace: RankTrace
     roofline: pd.DataFrame
     summary: StepSummary
+    unprofiled_step_ms: float | None = None  # measured without the profiler, when known
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,9 @@ class Analysis:
             "model_flops_per_step": float(np.mean([x.model_flops_per_step for x in s])),
             "mfu_basis": s[0].mfu_basis,
             "cost_model_coverage_pct": float(np.mean([x.coverage_pct for x in s])),
+            "unprofiled_step_time_ms": self.ranks[0].unprofiled_step_ms,
+            "gpu_kernel_time_ms": float(np.mean([100.0 - x.breakdown_pct["idle"] for x in s]) / 100.0
+                                        * np.mean([x.step_time_ms for x in s])),
         }
         if len(s) > 1:
             out["per_rank"] = [{"rank": r.trace.meta.rank, "step_time_ms": r.summary.step_time_ms,
@@ -245,12 +249,19 @@ def _clean(d: Any) -> Any:
 
 
 def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gpu_spec: str | None = None,
-            analyzers: Sequence[str] | None = None) -> Analysis:
+            analyzers: Sequence[str] | None = None, step_ms: float | None = None) -> Analysis:
     """Load and analyse traces. ``gpu`` overrides the trace's device name (e.g. ``"H100-SXM"``);
-    ``gpu_spec`` is a spec file (``gpuprof calibrate`` output); ``analyzers`` restricts which run."""
+    ``gpu_spec`` is a spec file (``gpuprof calibrate`` output); ``analyzers`` restricts which run;
+    ``step_ms`` is the step time measured *without* the profiler (from training logs), which
+    corrects host-side estimates for the profiler's own host overhead. A run folder from
+    ``gpuprof record`` carries it in its manifest (``unprofiled_step_ms``)."""
     from gpuprof.analyzers import run_analyzers
 
     seq = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    if step_ms is None:
+        step_ms = _manifest_step_ms(seq)
+    if step_ms is not None and not step_ms > 0:
+        raise GpuprofError(f"--step-ms must be a positive number of milliseconds, got {step_ms}")
     files = find_traces(seq)
     traces = [load_trace(f, fallback_rank=i) for i, f in enumerate(files)]
     ranks = [t.meta.rank for t in traces]
@@ -262,10 +273,22 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
     results = []
     for t in traces:
         roof = classify(t, spec)
-        results.append(RankResult(t, roof, summarize(t.steps, t.kernels, roof, t.memcpys, spec)))
+        results.append(RankResult(t, roof, summarize(t.steps, t.kernels, roof, t.memcpys, spec), step_ms))
     base = Analysis(ranks=tuple(results), spec=spec)
     findings, skipped = run_analyzers(base, only=analyzers)
     return Analysis(ranks=tuple(results), spec=spec, findings=tuple(findings), skipped=tuple(skipped))
+
+
+def _manifest_step_ms(paths: Sequence[str | Path]) -> float | None:
+    for p in paths:
+        m = Path(p) / "manifest.json"
+        if m.is_file():
+            try:
+                v = json.loads(m.read_text()).get("unprofiled_step_ms")
+            except (OSError, ValueError):
+                return None  # find_traces reports the unreadable manifest
+            return float(v) if isinstance(v, (int, float)) and v > 0 else None
+    return None
 
 
 def _with_rank(t: RankTrace, rank: int) -> RankTrace:

@@ -58,15 +58,18 @@ def main() -> None:
 @click.option("--force", is_flag=True, help="Replace the -o file if it exists.")
 @click.option("--gpu", help="Analyse against this GPU's datasheet peaks (e.g. H100-SXM, A100-SXM4-80GB).")
 @click.option("--gpu-spec", type=click.Path(path_type=Path), help="A spec file (from `gpuprof calibrate`).")
+@click.option("--step-ms", type=float, help="Step time measured WITHOUT the profiler (e.g. from training logs); "
+              "corrects host-side estimates for the profiler's own overhead.")
 def report(paths: tuple[Path, ...], fmt: str, output: Path | None, force: bool, gpu: str | None,
-           gpu_spec: Path | None) -> None:
+           gpu_spec: Path | None, step_ms: float | None) -> None:
     """Analyse traces and report step time, MFU, roofline classes and findings.
 
     PATHS are Kineto trace files (.json or .json.gz, as torch.profiler writes them), folders of
     per-rank traces, or run folders written by `gpuprof record`.
     """
     try:
-        analysis = gpuprof.analyze(list(paths), gpu=gpu, gpu_spec=str(gpu_spec) if gpu_spec else None)
+        analysis = gpuprof.analyze(list(paths), gpu=gpu, gpu_spec=str(gpu_spec) if gpu_spec else None,
+                                   step_ms=step_ms)
         text = analysis.to_json() if fmt == "json" else analysis.to_text(color=_color() and output is None)
         if output is None:
             click.echo(text, nl=False)

@@ -131,6 +131,28 @@ def _gemm(m: int, n: int, k: int, batch: int, a_t: str, out_t: str, extra_bytes:
     return Cost(2.0 * batch * m * n * k, float(batch * (m * k + k * n) * e + batch * m * n * eo + extra_bytes), _dt(a_t), "gemm")
 
 
+def gemm_mnk(name: str, dims: Any) -> tuple[int, int, int, int] | None:
+    """(batch, M, N, K) of a GEMM op from its recorded Input Dims, or None if not a GEMM."""
+    if not isinstance(dims, list):
+        return None
+    try:
+        if name in ("aten::mm", "aten::_scaled_mm", "aten::_int_mm") and len(dims[0]) == 2:
+            (m, k), (_, n) = dims[0], dims[1]
+            return 1, m, n, k
+        if name == "aten::addmm" and len(dims[1]) == 2:
+            (m, k), (_, n) = dims[1], dims[2]
+            return 1, m, n, k
+        if name == "aten::bmm" and len(dims[0]) == 3:
+            (b, m, k), (_, _, n) = dims[0], dims[1]
+            return b, m, n, k
+        if name == "aten::baddbmm" and len(dims[1]) == 3:
+            (b, m, k), (_, _, n) = dims[1], dims[2]
+            return b, m, n, k
+    except (IndexError, TypeError, ValueError):
+        return None
+    return None
+
+
 @rule("aten::mm", "aten::_scaled_mm", "aten::_int_mm")
 def _mm(dims: list[Any], types: list[Any], concrete: list[Any]) -> Cost | None:
     if len(dims) < 2 or not (_is_shape(dims[0]) and _is_shape(dims[1])) or len(dims[0]) != 2 or len(dims[1]) != 2:

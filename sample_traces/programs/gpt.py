@@ -294,7 +294,13 @@ def main() -> None:
 
 
 def run_decode(a, model: GPT, dev: torch.device, vocab: int, seq: int, batch: int, use_bf16: bool) -> None:
-    """Greedy generation with a KV cache: one profiler step per generated token."""
+    """Greedy generation with a KV cache: one profiler step per generated token.
+
+    cuDNN's SDPA builds a new execution plan for every new KV length (seen here: ~40 ms per
+    token), so decode uses the flash/efficient SDPA kernels, as serving stacks do.
+    """
+    if a.device == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(False)
     model = model.to(torch.bfloat16 if use_bf16 else torch.float32).eval()
     dtype = next(model.parameters()).dtype
     d = model.tok.weight.shape[1]

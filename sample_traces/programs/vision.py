@@ -71,6 +71,7 @@ def main() -> None:
     p.add_argument("--timed-steps", type=int, default=20)
     p.add_argument("--active", type=int, default=3)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--no-profile", action="store_true")
     a = p.parse_args()
     dev = torch.device(a.device)
     torch.manual_seed(0)
@@ -127,6 +128,8 @@ def main() -> None:
             json.dump({"argv": vars(a), "step_ms": step_ms, "samples_per_step": a.batch, "torch": torch.__version__,
                        "gpu": torch.cuda.get_device_name() if a.device == "cuda" else "cpu"}, f, indent=1)
     print(f"step {step_ms:.3f} ms", flush=True)
+    if a.no_profile:
+        return
 
     acts = [torch.profiler.ProfilerActivity.CPU]
     if a.device == "cuda":

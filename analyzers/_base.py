@@ -1,0 +1,243 @@
+"""What every analyzer shares: per-rank views, the idle gaps, and savings that never count twice.
+
+Savings are claimed on *units*: a kernel instance ``("k", rank, row)`` or an idle gap on the GPU
+timeline ``("gap", rank, i)``. An analyzer returns :class:`Candidate` s whose ``units`` map each
+unit it would shorten to the µs it would save there (summed over the profiled steps). The
+registry ranks candidates by total saving and gives each unit to the first finding that claims
+it, so overlapping findings (a softmax that is both unfused attention and an elementwise chain)
+never count the same time twice.
+
+Kernel durations in a trace are what they would be without the profiler; host time is not:
+torch.profiler with ``record_shapes`` adds a cost to every CPU op and runtime call it records
+(the host ran 1.5–2.2× slower in docs/verification.md). Savings from faster GPU work are taken as
+measured. Idle gaps caused by the host are deflated event by event: when the real (unprofiled)
+step time is known (``--step-ms``, or measured by ``gpuprof record``), the profiler's cost per
+recorded host event is ``c = (traced step − real step) / host events per step``, and a gap
+holding n recorded events would have lasted ``max(0, gap − c·n)``. The real idle time per step
+cannot exceed real step − GPU busy time; it is given out to sync bubbles first (device round
+trips, little host work), then input stalls, then launch gaps (host work throughout, which the
+profiler inflates most). Without the real step time gaps are taken as traced, at lower
+confidence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable
+
+import numpy as np
+import pandas as pd
+
+from gpuprof.findings import Finding
+
+if TYPE_CHECKING:
+    from gpuprof.api import Analysis, RankResult
+
+Unit = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    id: str
+    category: str
+    title: str
+    confidence: str
+    recommendation: str
+    units: dict[Unit, float]  # µs saved per unit, over all profiled steps of that unit's rank
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+class RankView:
+    """One rank's kernels with their roofline columns, restricted to the profiled steps."""
+
+    def __init__(self, r: "RankResult") -> None:
+        t = r.trace
+        self.rank = t.meta.rank
+        self.trace = t
+        self.steps = t.steps
+        self.n_steps = max(len(t.steps), 1)
+        k = pd.concat([t.kernels, r.roofline], axis=1)
+        self.kernels = k[k["step"] >= 0] if (k["step"] >= 0).any() else k
+        self.step_time_us = float(r.summary.steps["time_us"].mean()) if len(r.summary.steps) else 0.0
+        real = analysis_step_ms(r)
+        self.host_scale_known = real is not None
+        host = pd.concat([t.ops.loc[t.ops["step"] >= 0, "ts"], t.runtime.loc[t.runtime["step"] >= 0, "ts"]])
+        self.host_events_per_step = len(host) / self.n_steps
+        # The profiler's cost per recorded host event (µs), from the traced vs. the real step time.
+        self.event_cost_us = (max(0.0, self.step_time_us - real * 1000.0) / self.host_events_per_step
+                              if real and self.host_events_per_step else 0.0)
+        g = classify_gaps(r)
+        starts = np.sort(host.to_numpy())
+        n = np.searchsorted(starts, g["end"].to_numpy()) - np.searchsorted(starts, g["start"].to_numpy())
+        real_dur = np.maximum(0.0, g["dur"].to_numpy() - self.event_cost_us * n)
+        if real:
+            busy_us = self.step_time_us * (100.0 - r.summary.breakdown_pct["idle"]) / 100.0
+            budget = max(0.0, real * 1000.0 - busy_us) * self.n_steps
+            for cause in ("sync", "input", "launch", "other"):
+                m = (g["cause"] == cause).to_numpy()
+                total = real_dur[m].sum()
+                if total > budget:
+                    real_dur[m] *= budget / total
+                budget = max(0.0, budget - real_dur[m].sum())
+        self.gaps = g.assign(events=n, real_dur=real_dur)
+        self.host_scale = (float(self.gaps["real_dur"].sum() / self.gaps["dur"].sum())
+                           if len(self.gaps) and self.gaps["dur"].sum() > 0 else 1.0)
+
+    def kernel_units(self, rows: Iterable[int], saved_us: np.ndarray | pd.Series) -> dict[Unit, float]:
+        saved = np.asarray(saved_us, dtype=float)
+        return {("k", self.rank, int(i)): float(s) for i, s in zip(rows, saved) if s > 0}
+
+    def host_confidence(self, otherwise: str = "high") -> str:
+        """Confidence of a host-side estimate: lower when the unprofiled step time is unknown."""
+        return otherwise if self.host_scale_known else "low"
+
+
+def analysis_step_ms(r: "RankResult") -> float | None:
+    """The rank's step time measured without the profiler, when the run or the user gave it."""
+    v = getattr(r, "unprofiled_step_ms", None)
+    return float(v) if v else None
+
+
+def gaps(r: "RankResult") -> pd.DataFrame:
+    """Idle intervals of the GPU inside step windows, with what ended the gap.
+
+    Columns: step, start, end, dur, next_kind (kernel/memcpy), next_row, next_launch_ts,
+    next_op (row of ops or -1).
+    """
+    t = r.trace
+    acts = pd.concat([
+        t.kernels[["ts", "end", "launch_ts", "op"]].assign(kind="kernel", row=t.kernels.index),
+        t.memcpys[["ts", "end", "launch_ts", "op"]].assign(kind="memcpy", row=t.memcpys.index),
+    ], ignore_index=True).sort_values("ts", kind="stable").reset_index(drop=True)
+    rows = []
+    for st in t.steps.itertuples():  # few steps; vectorised inside
+        a = acts[(acts["end"] > st.start) & (acts["ts"] < st.end)]
+        if a.empty:
+            continue
+        busy_until = np.maximum.accumulate(np.r_[st.start, a["end"].to_numpy()])[:-1]
+        idle = a["ts"].to_numpy() - busy_until
+        keep = idle > 0
+        rows.append(pd.DataFrame({
+            "step": st.step, "start": busy_until[keep], "end": a["ts"].to_numpy()[keep], "dur": idle[keep],
+            "next_kind": a["kind"].to_numpy()[keep], "next_row": a["row"].to_numpy()[keep],
+            "next_launch_ts": a["launch_ts"].to_numpy()[keep], "next_op": a["op"].to_numpy()[keep],
+        }))
+    if not rows:
+        return pd.DataFrame(columns=["step", "start", "end", "dur", "next_kind", "next_row", "next_launch_ts", "next_op"])
+    out = pd.concat(rows, ignore_index=True)
+    return out
+
+
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+              "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2")
+_LOADER = r"DataLoader|dataloader|_next_data|__next__"
+
+
+def classify_gaps(r: "RankResult") -> pd.DataFrame:
+    """Each idle gap with one cause, so the host-side analyzers never share a gap:
+
+    * ``sync``: a synchronising call (``.item()``, ``.cpu()``, ``synchronize``) returned inside
+      the gap: the GPU drained its queue and waits for the host to refill it; and the launch
+      gaps that follow such a call until the host is ahead of the GPU again (some kernel queued
+      before the previous one ended), since without the sync the host would still be ahead;
+    * ``input``: the host was inside a DataLoader span during the gap;
+    * ``launch``: the next kernel was launched only after the gap began: the host could not
+      launch fast enough;
+    * ``other``: the next work was already queued (dependencies, events across streams).
+    """
+    t = r.trace
+    g = gaps(r)
+    if g.empty:
+        return g.assign(cause=pd.Series(dtype=object))
+    cause = np.full(len(g), "other", dtype=object)
+    late = ~(g["next_launch_ts"].to_numpy() <= g["start"].to_numpy())
+    cause[late] = "launch"
+    cpu = t.annotations[~t.annotations["on_gpu"]]
+    spans = pd.concat([cpu[["name", "ts", "end"]], t.ops.loc[t.ops["depth"] == 0, ["name", "ts", "end"]]])
+    loader = spans[spans["name"].astype(str).str.contains(_LOADER)]
+    if len(loader):
+        ls, le = np.sort(loader["ts"].to_numpy()), loader["end"].to_numpy()[np.argsort(loader["ts"].to_numpy())]
+        k = np.searchsorted(ls, g["end"].to_numpy(), side="right") - 1
+        kk = np.maximum(k, 0)
+        inside = (k >= 0) & (le[kk] > g["start"].to_numpy())
+        cause[inside & late] = "input"
+    rt = t.runtime
+    syncs = rt[rt["name"].astype(str).isin(SYNC_CALLS)]
+    if len(syncs):
+        se = np.sort(syncs["end"].to_numpy())
+        lo = np.searchsorted(se, g["start"].to_numpy(), side="left")
+        hi = np.searchsorted(se, g["end"].to_numpy(), side="right")
+        drained = hi > lo
+        # Refill gaps: launch gaps after the latest sync with no backlog regained in between.
+        acts = pd.concat([t.kernels[["ts", "end", "launch_ts"]], t.memcpys[["ts", "end", "launch_ts"]]]
+                         ).sort_values("ts", kind="stable")
+        nxt = acts["launch_ts"].shift(-1).to_numpy()
+        ahead = np.sort(acts["end"].to_numpy()[nxt <= acts["end"].to_numpy()])
+        last_sync = np.where(lo > 0, se[np.maximum(lo - 1, 0)], -np.inf)
+        regained = np.searchsorted(ahead, g["start"].to_numpy()) - np.searchsorted(ahead, last_sync)
+        refill = (cause == "launch") & (lo > 0) & (regained == 0)
+        cause[drained | refill] = "sync"
+    return g.assign(cause=cause)
+
+
+def gap_units(rank: int, g: pd.DataFrame, saved_us: pd.Series | np.ndarray | None = None) -> dict[Unit, float]:
+    saved = g["dur"].to_numpy() if saved_us is None else np.asarray(saved_us, dtype=float)
+    return {("gap", rank, int(i)): float(s) for i, s in zip(g.index, saved) if s > 0}
+
+
+HOST_NOTE = ("host time is as traced; torch.profiler slows the host (1.5-2.2x in docs/verification.md), so pass "
+             "--step-ms with the step time measured without the profiler to scale this estimate")
+
+
+def views(analysis: "Analysis") -> list[RankView]:
+    return [RankView(r) for r in analysis.ranks]
+
+
+def ms(us: float) -> float:
+    return us / 1000.0
+
+
+def finalize(analysis: "Analysis", candidates: list[Candidate]) -> list[Finding]:
+    """Rank candidates by saving, give each unit to the first claimant, and make Findings.
+
+    A finding's saving per step is the largest over ranks of (µs it keeps on that rank) /
+    (that rank's steps): ranks of one job step together, so the slowest rank's gain is the job's.
+    """
+    steps = {r.trace.meta.rank: max(len(r.trace.steps), 1) for r in analysis.ranks}
+    # Percentages are of the real step when it is known, else of the traced one.
+    step_ms = {r.trace.meta.rank: analysis_step_ms(r) or r.summary.step_time_ms for r in analysis.ranks}
+
+    def per_step(units: dict[Unit, float]) -> tuple[float, int]:
+        by_rank: dict[int, float] = {}
+        for u, v in units.items():
+            by_rank[u[1]] = by_rank.get(u[1], 0.0) + v
+        if not by_rank:
+            return 0.0, next(iter(steps))
+        rank = max(by_rank, key=lambda r: by_rank[r] / steps[r])
+        return by_rank[rank] / steps[rank] / 1000.0, rank
+
+    order = sorted(candidates, key=lambda c: -per_step(c.units)[0])
+    claimed: set[Unit] = set()
+    out: list[Finding] = []
+    for c in order:
+        kept = {u: v for u, v in c.units.items() if u not in claimed}
+        claimed.update(kept)
+        saving, rank = per_step(kept)
+        total, _ = per_step(c.units)
+        saving = min(saving, step_ms[rank])
+        if saving <= 0:
+            continue
+        pct = 100.0 * saving / step_ms[rank] if step_ms[rank] > 0 else 0.0
+        ev = dict(c.evidence)
+        if total - saving > 1e-6:
+            ev["overlap_ms_counted_elsewhere"] = round(total - saving, 4)
+        out.append(Finding(id=c.id, category=c.category, title=c.title, estimated_savings_ms=saving,
+                           estimated_savings_pct=pct, confidence=c.confidence,  # type: ignore[arg-type]
+                           recommendation=c.recommendation, evidence=ev))
+    return out
+
+
+def top_names(k: pd.DataFrame, n: int = 5, by: str = "dur") -> list[dict[str, Any]]:
+    """The heaviest kernel names in ``k``: name, count, total µs (evidence rows)."""
+    g = k.groupby(k["name"].astype(str))[by].agg(["size", "sum"]).sort_values("sum", ascending=False).head(n)
+    return [{"kernel": name, "count": int(row["size"]), "total_us": round(float(row["sum"]), 1)} for name, row in g.iterrows()]

@@ -1,0 +1,85 @@
+"""attention_fusion: attention computed as separate matmul / mask / softmax / dropout kernels that
+write and read a B×H×T×T score tensor.
+
+Trigger: a softmax over a tensor whose last two dimensions are equal (T×T, T ≥ 64); every op
+of the step with such a tensor among its arguments (the QKᵀ and PV matmuls, scaling, mask,
+softmax, dropout, and their backward) is part of the unfused attention.
+Estimate: fused attention (``F.scaled_dot_product_attention``) keeps the matmul FLOPs (halved
+when a mask makes it causal) and drops the T×T traffic; its time is those FLOPs at the roofline
+efficiency the trace's other tensor-core GEMMs reach. Saving = the affected kernels' time minus
+that.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from gpuprof.analyzers._base import Candidate, ms, top_names, views
+from gpuprof.trace.load import parse_arg
+
+if TYPE_CHECKING:
+    from gpuprof.api import Analysis
+
+SOFTMAX = ("aten::_softmax", "aten::_softmax_backward_data", "aten::_safe_softmax")
+MASK = ("aten::masked_fill", "aten::masked_fill_", "aten::where", "aten::add")
+
+
+def _square(dims: Any) -> int:
+    """T if any tensor argument is [..., T, T] with rank ≥ 3 and T ≥ 64, else 0."""
+    if not isinstance(dims, list):
+        return 0
+    for d in dims:
+        if isinstance(d, list) and len(d) >= 3 and all(isinstance(x, int) for x in d) and d[-1] == d[-2] >= 64:
+            return int(d[-1])
+    return 0
+
+
+def run(analysis: "Analysis") -> list[Candidate]:
+    spec = analysis.spec
+    assert spec is not None
+    out = []
+    for v in views(analysis):
+        k = v.kernels
+        ops = v.trace.ops
+        rows = k.loc[k["op"] >= 0, "op"].unique()
+        sq = {int(r): _square(parse_arg(ops.at[r, "input_dims"])) for r in rows}
+        k_t = k["op"].map(lambda r: sq.get(int(r), 0))
+        names = k["op_name"].astype(str)
+        if not (names.isin(SOFTMAX) & (k_t > 0)).any():
+            continue
+        attn = k[k_t > 0]
+        causal = bool((attn["op_name"].astype(str).isin(MASK)).any())
+        gemm = attn[attn["family"] == "gemm"]
+        others = k[(k["family"] == "gemm") & (k["engine"] == "tensor") & ~k.index.isin(attn.index)
+                   & np.isfinite(k["t_roof_us"])]
+        eff = float(others["t_roof_us"].sum() / others["dur"].sum()) if others["dur"].sum() > 0 else 1.0
+        flops = float(gemm["flops"].sum()) * (0.5 if causal else 1.0)
+        dtype = str(gemm["math_dtype"].mode().iat[0]) if len(gemm) else "bf16"
+        fused_us = flops / (spec.peak(dtype) * 1e12 * eff) * 1e6
+        total = float(attn["dur"].sum())
+        # Spread the fused time over the affected kernels in proportion to their duration.
+        saved = attn["dur"] * max(0.0, 1.0 - fused_us / total) if total > 0 else attn["dur"] * 0
+        t = int(k_t[k_t > 0].mode().iat[0])
+        out.append(Candidate(
+            id="GP-ATTN-001", category="attention_fusion",
+            title=f"Unfused attention: {len(attn) // v.n_steps} kernels per step read and write {t}×{t} score "
+                  f"tensors ({100 * total / v.n_steps / v.step_time_us:.0f}% of step time)",
+            confidence="high" if len(others) else "medium",
+            recommendation="Replace the matmul/mask/softmax/dropout attention with "
+                           "`F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)` "
+                           "(FlashAttention/cuDNN kernels; no T×T tensor in memory).",
+            units=v.kernel_units(attn.index, saved),
+            evidence={
+                "rank": v.rank, "sequence_length": t, "causal_mask_seen": causal,
+                "unfused_ms_per_step": round(ms(total) / v.n_steps, 3),
+                "estimated_fused_ms_per_step": round(ms(fused_us) / v.n_steps, 3),
+                "gemm_roofline_efficiency_used": round(eff, 3),
+                "ops": attn["op_name"].astype(str).value_counts().head(8).to_dict(),
+                "kernels": top_names(attn),
+                "estimate": "fused attention = the attention matmul FLOPs (halved if causal) at the roofline "
+                            "efficiency of this trace's other tensor-core GEMMs",
+            },
+        ))
+    return out

@@ -1,0 +1,110 @@
+"""shape_alignment: GEMM dimensions that tensor cores cannot tile well, and the fallback kernels
+they cause.
+
+Trigger: a tensor-core GEMM (bf16/fp16, fp8, tf32) with M, N or K not a multiple of 8 elements
+(16 for 8-bit types, 4 for tf32), or a pre-Hopper kernel (``cutlass_75_*``, ``sm75``/``sm80``
+xmma) chosen for a 16-bit GEMM on a Hopper GPU.
+Estimate: the affected kernels would run at the roofline efficiency that the trace's own aligned
+tensor-core GEMMs reach (time-weighted), i.e. ``after = t_roof / efficiency_aligned``. Without
+aligned GEMMs to learn from, no saving is claimed.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from gpuprof.analyzers._base import Candidate, ms, top_names, views
+from gpuprof.costmodel import gemm_mnk
+from gpuprof.trace.load import parse_arg
+
+if TYPE_CHECKING:
+    from gpuprof.api import Analysis
+
+ALIGN = {"bf16": 8, "fp16": 8, "fp8": 16, "int8": 16, "fp32": 4}
+_OLD_ARCH = re.compile(r"cutlass_75|sm75_|sm80_xmma|ampere_", re.I)
+
+
+def _pad(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+def run(analysis: "Analysis") -> list[Candidate]:
+    out = []
+    hopper = any(p.get("computeMajor", 0) >= 9 for r in analysis.ranks for p in r.trace.meta.device_properties)
+    for v in views(analysis):
+        k = v.kernels
+        ops = v.trace.ops
+        g = k[(k["family"] == "gemm") & (k["engine"] == "tensor") & np.isfinite(k["t_roof_us"])]
+        if g.empty:
+            continue
+        op_rows = g["op"].unique()
+        shapes = {int(r): gemm_mnk(str(ops.at[r, "name"]), parse_arg(ops.at[r, "input_dims"])) for r in op_rows}
+        vocab = _vocab_sizes(ops)
+        mis_rows, dims_seen = [], {}
+        for row, kr in zip(g.index, g.itertuples()):
+            mnk = shapes.get(int(kr.op))
+            align = ALIGN.get(str(kr.math_dtype), 8)
+            odd = [(axis, n) for axis, n in zip("MNK", mnk[1:]) if n % align] if mnk else []
+            fallback = hopper and bool(_OLD_ARCH.search(str(kr.name))) and kr.math_dtype in ("bf16", "fp16")
+            if odd or fallback:
+                mis_rows.append(row)
+                for axis, n in odd:
+                    dims_seen[n] = dims_seen.get(n, 0.0) + kr.dur
+        if not mis_rows:
+            continue
+        bad = g.loc[mis_rows]
+        good = g.drop(index=mis_rows)
+        eff = float(good["t_roof_us"].sum() / good["dur"].sum()) if good["dur"].sum() > 0 else np.nan
+        if np.isfinite(eff) and eff > 0:
+            after = np.minimum(bad["t_roof_us"] / eff, bad["dur"])
+            saved = bad["dur"] - after
+        else:
+            after, saved = bad["dur"], bad["dur"] * 0.0
+        worst = max(dims_seen, key=lambda n: dims_seen[n]) if dims_seen else None
+        what = f"dimension {worst}" + (" (the vocabulary size)" if worst in vocab else "") if worst else "GEMM shapes"
+        pad_to = 64 if worst and worst > 1024 else 8
+        fix = (f"Pad {what} to {_pad(worst, pad_to)} (a multiple of {pad_to}; e.g. `vocab_size = {_pad(worst, pad_to)}` "
+               "and ignore the extra logits) so cuBLAS can use the Hopper tensor-core kernels" if worst else
+               "Make every GEMM dimension a multiple of 8 (16 for FP8)")
+        fallbacks = bad[bad["name"].astype(str).str.contains(_OLD_ARCH)]
+        out.append(Candidate(
+            id="GP-SHAPE-001", category="shape_alignment",
+            title=f"GEMMs with {what} not a multiple of {ALIGN.get(str(bad['math_dtype'].iloc[0]), 8)} run at "
+                  f"{100 * bad['t_roof_us'].sum() / bad['dur'].sum():.0f}% of roofline"
+                  + (" on pre-Hopper fallback kernels" if len(fallbacks) else ""),
+            confidence="high" if np.isfinite(eff) else "low",
+            recommendation=fix + ". Check batch×sequence and hidden sizes the same way.",
+            units=v.kernel_units(bad.index, saved),
+            evidence={
+                "rank": v.rank,
+                "misaligned_dims": {str(n): round(ms(t) / v.n_steps, 3) for n, t in
+                                    sorted(dims_seen.items(), key=lambda x: -x[1])},
+                "gemm_ms_per_step": round(ms(bad["dur"].sum()) / v.n_steps, 3),
+                "aligned_gemm_roofline_pct": round(100 * eff, 1) if np.isfinite(eff) else None,
+                "estimated_ms_per_step_after": round(ms(float(np.sum(after))) / v.n_steps, 3),
+                "fallback_kernels": top_names(fallbacks) if len(fallbacks) else [],
+                "kernels": top_names(bad),
+                "estimate": "misaligned GEMMs would reach the roofline efficiency of this trace's aligned "
+                            "tensor-core GEMMs",
+            },
+        ))
+    return out
+
+
+def _vocab_sizes(ops: pd.DataFrame) -> set[int]:
+    """Row counts of embedding tables (aten::embedding / index_select weights)."""
+    emb = ops[ops["name"].isin(["aten::embedding", "aten::embedding_dense_backward"])]
+    out: set[int] = set()
+    for name, dims, conc in zip(emb["name"], emb["input_dims"], emb["concrete_inputs"]):
+        d: Any = parse_arg(dims)
+        if name == "aten::embedding" and d and isinstance(d[0], list) and d[0]:
+            out.add(int(d[0][0]))
+        elif name == "aten::embedding_dense_backward":
+            c: Any = parse_arg(conc)
+            if isinstance(c, list) and len(c) > 2 and str(c[2]).isdigit():
+                out.add(int(c[2]))
+    return out
