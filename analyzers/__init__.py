@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from gpuprof.analyzers import attention_fusion, host_gaps, precision, shape_alignment
+from gpuprof.analyzers import (attention_fusion, distributed, elementwise_fusion, host_gaps, optimizer_fusion, precision,
+                               shape_alignment, transfers)
 from gpuprof.analyzers._base import Candidate, finalize
 from gpuprof.findings import Finding
 
@@ -31,9 +32,15 @@ REGISTRY: tuple[Analyzer, ...] = (
     Analyzer("precision", precision.run, ("gpu", "shapes", "spec")),
     Analyzer("shape_alignment", shape_alignment.run, ("gpu", "shapes", "spec")),
     Analyzer("attention_fusion", attention_fusion.run, ("gpu", "shapes", "spec")),
+    Analyzer("elementwise_fusion", elementwise_fusion.run, ("gpu", "shapes", "spec")),
+    Analyzer("optimizer_fusion", optimizer_fusion.run, ("gpu", "shapes", "spec")),
     Analyzer("input_pipeline", host_gaps.input_pipeline, ("gpu",)),
     Analyzer("host_sync", host_gaps.host_sync, ("gpu",)),
     Analyzer("launch_overhead", host_gaps.launch_overhead, ("gpu",)),
+    Analyzer("pageable_memcpy", transfers.pageable_memcpy, ("gpu",)),
+    Analyzer("memory_bound_decode", transfers.memory_bound_decode, ("gpu", "shapes", "spec")),
+    Analyzer("exposed_communication", distributed.exposed_communication, ("gpu",)),
+    Analyzer("rank_imbalance", distributed.rank_imbalance, ("gpu", "multi_rank")),
 )
 
 

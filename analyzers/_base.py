@@ -45,6 +45,7 @@ class Candidate:
     recommendation: str
     units: dict[Unit, float]  # µs saved per unit, over all profiled steps of that unit's rank
     evidence: dict[str, Any] = field(default_factory=dict)
+    generic: bool = False  # a catch-all (launch overhead): claims only what specific findings left
 
 
 class RankView:
@@ -87,6 +88,33 @@ class RankView:
         saved = np.asarray(saved_us, dtype=float)
         return {("k", self.rank, int(i)): float(s) for i, s in zip(rows, saved) if s > 0}
 
+    def inner_gap_units(self, rows: Iterable[int], exclude_first: Iterable[int] = (), after: bool = False
+                        ) -> dict[Unit, float]:
+        """The idle gaps just before the given kernels (and just after them, with ``after``), less
+        the profiler's share: a fix that replaces those kernels also removes these launch gaps."""
+        g = self.gaps
+        if g.empty:
+            return {}
+        want = set(int(r) for r in rows) - set(int(r) for r in exclude_first)
+        hit = (g["next_kind"] == "kernel").to_numpy() & g["next_row"].isin(want).to_numpy()
+        if after:
+            hit |= (g["prev_kind"] == "kernel").to_numpy() & g["prev_row"].isin(set(int(r) for r in rows)).to_numpy()
+        m = hit & g["cause"].isin(["launch", "other"]).to_numpy()
+        sel = g[m]
+        return {("gap", self.rank, int(i)): float(d) for i, d in zip(sel.index, sel["real_dur"]) if d > 0}
+
+    def in_optimizer(self) -> pd.Series:
+        """Kernels launched inside an ``Optimizer.step#...`` span (torch.optim records one per step)."""
+        a = self.trace.annotations
+        spans = a[~a["on_gpu"] & a["name"].astype(str).str.startswith("Optimizer.step#")].sort_values("ts")
+        k = self.kernels
+        if spans.empty:
+            return pd.Series(False, index=k.index)
+        st, en = spans["ts"].to_numpy(), spans["end"].to_numpy()
+        i = np.searchsorted(st, k["launch_ts"].to_numpy(), side="right") - 1
+        inside = (i >= 0) & (k["launch_ts"].to_numpy() < en[np.maximum(i, 0)])
+        return pd.Series(inside, index=k.index)
+
     def host_confidence(self, otherwise: str = "high") -> str:
         """Confidence of a host-side estimate: lower when the unprofiled step time is unknown."""
         return otherwise if self.host_scale_known else "low"
@@ -101,8 +129,8 @@ def analysis_step_ms(r: "RankResult") -> float | None:
 def gaps(r: "RankResult") -> pd.DataFrame:
     """Idle intervals of the GPU inside step windows, with what ended the gap.
 
-    Columns: step, start, end, dur, next_kind (kernel/memcpy), next_row, next_launch_ts,
-    next_op (row of ops or -1).
+    Columns: step, start, end, dur, prev_kind/prev_row (what ran last before the gap),
+    next_kind (kernel/memcpy), next_row, next_launch_ts, next_op (row of ops or -1).
     """
     t = r.trace
     acts = pd.concat([
@@ -114,16 +142,23 @@ def gaps(r: "RankResult") -> pd.DataFrame:
         a = acts[(acts["end"] > st.start) & (acts["ts"] < st.end)]
         if a.empty:
             continue
-        busy_until = np.maximum.accumulate(np.r_[st.start, a["end"].to_numpy()])[:-1]
+        ends = a["end"].to_numpy()
+        busy_until = np.maximum.accumulate(np.r_[st.start, ends])[:-1]
+        # the activity that ended last before each gap
+        last = np.r_[-1, np.maximum.accumulate(np.where(ends == np.maximum.accumulate(ends), np.arange(len(a)), -1))][:-1]
         idle = a["ts"].to_numpy() - busy_until
         keep = idle > 0
+        prev = np.where(last >= 0, last, 0)
         rows.append(pd.DataFrame({
             "step": st.step, "start": busy_until[keep], "end": a["ts"].to_numpy()[keep], "dur": idle[keep],
+            "prev_kind": np.where(last >= 0, a["kind"].to_numpy()[prev], None)[keep],
+            "prev_row": np.where(last >= 0, a["row"].to_numpy()[prev], -1)[keep],
             "next_kind": a["kind"].to_numpy()[keep], "next_row": a["row"].to_numpy()[keep],
             "next_launch_ts": a["launch_ts"].to_numpy()[keep], "next_op": a["op"].to_numpy()[keep],
         }))
     if not rows:
-        return pd.DataFrame(columns=["step", "start", "end", "dur", "next_kind", "next_row", "next_launch_ts", "next_op"])
+        return pd.DataFrame(columns=["step", "start", "end", "dur", "prev_kind", "prev_row", "next_kind", "next_row",
+                                     "next_launch_ts", "next_op"])
     out = pd.concat(rows, ignore_index=True)
     return out
 
@@ -200,6 +235,9 @@ def ms(us: float) -> float:
 def finalize(analysis: "Analysis", candidates: list[Candidate]) -> list[Finding]:
     """Rank candidates by saving, give each unit to the first claimant, and make Findings.
 
+    Specific findings claim before generic ones: idle gaps between an unfused optimizer's
+    kernels belong to "fuse the optimizer", not to "launch overhead".
+
     A finding's saving per step is the largest over ranks of (µs it keeps on that rank) /
     (that rank's steps): ranks of one job step together, so the slowest rank's gain is the job's.
     """
@@ -216,12 +254,12 @@ def finalize(analysis: "Analysis", candidates: list[Candidate]) -> list[Finding]
         rank = max(by_rank, key=lambda r: by_rank[r] / steps[r])
         return by_rank[rank] / steps[rank] / 1000.0, rank
 
-    order = sorted(candidates, key=lambda c: -per_step(c.units)[0])
+    order = sorted(candidates, key=lambda c: (c.generic, -per_step(c.units)[0]))
     claimed: set[Unit] = set()
     out: list[Finding] = []
     for c in order:
         kept = {u: v for u, v in c.units.items() if u not in claimed}
-        claimed.update(kept)
+        claimed.update(kept)  # units claimed with 0 saving are still taken from later findings
         saving, rank = per_step(kept)
         total, _ = per_step(c.units)
         saving = min(saving, step_ms[rank])

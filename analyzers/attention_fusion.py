@@ -7,7 +7,7 @@ softmax, dropout, and their backward) is part of the unfused attention.
 Estimate: fused attention (``F.scaled_dot_product_attention``) keeps the matmul FLOPs (halved
 when a mask makes it causal) and drops the T×T traffic; its time is those FLOPs at the roofline
 efficiency the trace's other tensor-core GEMMs reach. Saving = the affected kernels' time minus
-that.
+that, plus the launch gaps before them (two fused kernels replace dozens).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def run(analysis: "Analysis") -> list[Candidate]:
             recommendation="Replace the matmul/mask/softmax/dropout attention with "
                            "`F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)` "
                            "(FlashAttention/cuDNN kernels; no T×T tensor in memory).",
-            units=v.kernel_units(attn.index, saved),
+            units={**v.kernel_units(attn.index, saved), **v.inner_gap_units(attn.index)},
             evidence={
                 "rank": v.rank, "sequence_length": t, "causal_mask_seen": causal,
                 "unfused_ms_per_step": round(ms(total) / v.n_steps, 3),

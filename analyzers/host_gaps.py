@@ -116,5 +116,5 @@ def launch_overhead(analysis: "Analysis") -> list[Candidate]:
             recommendation="Cut launches: capture the step in a CUDA graph (`torch.compile(model, "
                            "mode='reduce-overhead')` or `torch.cuda.graphs`), fuse small ops with "
                            "`torch.compile`, use fused optimizers, or give each kernel more work (larger batch).",
-            units=gap_units(v.rank, g, g["real_dur"]), evidence=ev))
+            units=gap_units(v.rank, g, g["real_dur"]), evidence=ev, generic=True))
     return out

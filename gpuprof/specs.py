@@ -29,6 +29,7 @@ class GpuSpec:
     sm_count: int
     memory_gb: float
     nvlink_gbps: float = 0.0
+    pcie_gbps: float = 0.0  # one direction, GB/s (PCIe Gen4 x16: 32, Gen5 x16: 64)
     source: str = "datasheet"
     measured: tuple[str, ...] = field(default_factory=tuple)
 
@@ -43,25 +44,27 @@ class GpuSpec:
 
 
 def _spec(key: str, name: str, fp64: float, fp64_tc: float, fp32: float, tf32: float, bf16: float,
-          fp8: float, int8: float, hbm: float, sms: int, mem: float, nvlink: float) -> GpuSpec:
+          fp8: float, int8: float, hbm: float, sms: int, mem: float, nvlink: float, pcie_gen: int) -> GpuSpec:
     peaks = {"fp64": fp64, "fp64_tc": fp64_tc, "fp32": fp32, "tf32": tf32, "bf16": bf16, "fp16": bf16,
              "fp8": fp8, "int8": int8}
-    return GpuSpec(key, name, {k: v for k, v in peaks.items() if v}, hbm, sms, mem, nvlink)
+    pcie = {4: 32.0, 5: 64.0}[pcie_gen]
+    return GpuSpec(key, name, {k: v for k, v in peaks.items() if v}, hbm, sms, mem, nvlink, pcie)
 
 
-# Datasheet figures (../shared/REFERENCE.md lists their sources). fp8 0 = not supported.
+# Datasheet figures (../shared/REFERENCE.md lists their sources). fp8 0 = not supported. The last
+# column is the host link's PCIe generation (x16): A100 and L40S Gen4, Hopper and B200 Gen5.
 BUILTIN: dict[str, GpuSpec] = {s.key: s for s in (
-    _spec("A100-SXM4-40GB", "NVIDIA A100 40GB SXM", 9.7, 19.5, 19.5, 156, 312, 0, 624, 1555, 108, 40, 600),
-    _spec("A100-SXM4-80GB", "NVIDIA A100 80GB SXM", 9.7, 19.5, 19.5, 156, 312, 0, 624, 2039, 108, 80, 600),
-    _spec("A100-PCIE-40GB", "NVIDIA A100 40GB PCIe", 9.7, 19.5, 19.5, 156, 312, 0, 624, 1555, 108, 40, 600),
-    _spec("A100-PCIE-80GB", "NVIDIA A100 80GB PCIe", 9.7, 19.5, 19.5, 156, 312, 0, 624, 1935, 108, 80, 600),
-    _spec("H100-SXM", "NVIDIA H100 SXM", 34, 67, 67, 494.5, 989.5, 1979, 1979, 3350, 132, 80, 900),
-    _spec("H100-PCIE", "NVIDIA H100 PCIe", 26, 51, 51, 378, 756, 1513, 1513, 2000, 114, 80, 600),
-    _spec("H100-NVL", "NVIDIA H100 NVL", 30, 60, 60, 417.5, 835.5, 1670, 1670, 3900, 132, 94, 600),
-    _spec("H200-SXM", "NVIDIA H200 SXM", 34, 67, 67, 494.5, 989.5, 1979, 1979, 4800, 132, 141, 900),
-    _spec("H200-NVL", "NVIDIA H200 NVL", 30, 60, 60, 417.5, 835.5, 1670, 1670, 4800, 132, 141, 900),
-    _spec("L40S", "NVIDIA L40S", 1.4, 0, 91.6, 183, 362, 733, 733, 864, 142, 48, 0),
-    _spec("B200", "NVIDIA B200", 37, 37, 75, 1100, 2250, 4500, 4500, 7700, 148, 180, 1800),
+    _spec("A100-SXM4-40GB", "NVIDIA A100 40GB SXM", 9.7, 19.5, 19.5, 156, 312, 0, 624, 1555, 108, 40, 600, 4),
+    _spec("A100-SXM4-80GB", "NVIDIA A100 80GB SXM", 9.7, 19.5, 19.5, 156, 312, 0, 624, 2039, 108, 80, 600, 4),
+    _spec("A100-PCIE-40GB", "NVIDIA A100 40GB PCIe", 9.7, 19.5, 19.5, 156, 312, 0, 624, 1555, 108, 40, 600, 4),
+    _spec("A100-PCIE-80GB", "NVIDIA A100 80GB PCIe", 9.7, 19.5, 19.5, 156, 312, 0, 624, 1935, 108, 80, 600, 4),
+    _spec("H100-SXM", "NVIDIA H100 SXM", 34, 67, 67, 494.5, 989.5, 1979, 1979, 3350, 132, 80, 900, 5),
+    _spec("H100-PCIE", "NVIDIA H100 PCIe", 26, 51, 51, 378, 756, 1513, 1513, 2000, 114, 80, 600, 5),
+    _spec("H100-NVL", "NVIDIA H100 NVL", 30, 60, 60, 417.5, 835.5, 1670, 1670, 3900, 132, 94, 600, 5),
+    _spec("H200-SXM", "NVIDIA H200 SXM", 34, 67, 67, 494.5, 989.5, 1979, 1979, 4800, 132, 141, 900, 5),
+    _spec("H200-NVL", "NVIDIA H200 NVL", 30, 60, 60, 417.5, 835.5, 1670, 1670, 4800, 132, 141, 900, 5),
+    _spec("L40S", "NVIDIA L40S", 1.4, 0, 91.6, 183, 362, 733, 733, 864, 142, 48, 0, 4),
+    _spec("B200", "NVIDIA B200", 37, 37, 75, 1100, 2250, 4500, 4500, 7700, 148, 180, 1800, 5),
 )}
 
 # deviceProperties / nvidia-smi names, most specific first. The SXM parts carry no suffix.
