@@ -8,12 +8,22 @@ Findings are ranked by estimated saving, best first.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
 
-from gpuprof.analyzers import (attention_fusion, distributed, elementwise_fusion, host_gaps, optimizer_fusion, precision,
-                               shape_alignment, transfers)
+from gpuprof.analyzers import (
+    attention_fusion,
+    distributed,
+    elementwise_fusion,
+    host_gaps,
+    optimizer_fusion,
+    precision,
+    shape_alignment,
+    transfers,
+)
 from gpuprof.analyzers._base import Candidate, finalize
+
 from gpuprof.findings import Finding
 
 if TYPE_CHECKING:
@@ -23,7 +33,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Analyzer:
     name: str
-    run: Callable[["Analysis"], list[Candidate]]
+    run: Callable[[Analysis], list[Candidate]]
     needs: tuple[str, ...] = ()  # "gpu", "shapes", "multi_rank", "spec"
 
 
@@ -44,7 +54,7 @@ REGISTRY: tuple[Analyzer, ...] = (
 )
 
 
-def _unmet(analysis: "Analysis", needs: tuple[str, ...]) -> str | None:
+def _unmet(analysis: Analysis, needs: tuple[str, ...]) -> str | None:
     ranks = analysis.ranks
     if "gpu" in needs and not any(r.trace.has_gpu for r in ranks):
         return "the trace has no GPU events"
@@ -63,7 +73,7 @@ def rank_findings(findings: Sequence[Finding]) -> list[Finding]:
     return sorted(findings, key=lambda f: (-f.estimated_savings_ms, conf.get(f.confidence, 3), f.id))
 
 
-def run_analyzers(analysis: "Analysis", only: Sequence[str] | None = None,
+def run_analyzers(analysis: Analysis, only: Sequence[str] | None = None,
                   registry: Sequence[Analyzer] | None = None) -> tuple[list[Finding], list[dict[str, str]]]:
     """Run the registered analyzers (or those named in ``only``); return ranked findings and skips."""
     candidates: list[Candidate] = []

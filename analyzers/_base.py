@@ -22,8 +22,9 @@ confidence.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -51,7 +52,7 @@ class Candidate:
 class RankView:
     """One rank's kernels with their roofline columns, restricted to the profiled steps."""
 
-    def __init__(self, r: "RankResult") -> None:
+    def __init__(self, r: RankResult) -> None:
         t = r.trace
         self.rank = t.meta.rank
         self.trace = t
@@ -120,13 +121,13 @@ class RankView:
         return otherwise if self.host_scale_known else "low"
 
 
-def analysis_step_ms(r: "RankResult") -> float | None:
+def analysis_step_ms(r: RankResult) -> float | None:
     """The rank's step time measured without the profiler, when the run or the user gave it."""
     v = getattr(r, "unprofiled_step_ms", None)
     return float(v) if v else None
 
 
-def gaps(r: "RankResult") -> pd.DataFrame:
+def gaps(r: RankResult) -> pd.DataFrame:
     """Idle intervals of the GPU inside step windows, with what ended the gap.
 
     Columns: step, start, end, dur, prev_kind/prev_row (what ran last before the gap),
@@ -168,7 +169,7 @@ SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchr
 _LOADER = r"DataLoader|dataloader|_next_data|__next__"
 
 
-def classify_gaps(r: "RankResult") -> pd.DataFrame:
+def classify_gaps(r: RankResult) -> pd.DataFrame:
     """Each idle gap with one cause, so the host-side analyzers never share a gap:
 
     * ``sync``: a synchronising call (``.item()``, ``.cpu()``, ``synchronize``) returned inside
@@ -224,7 +225,7 @@ HOST_NOTE = ("host time is as traced; torch.profiler slows the host (1.5-2.2x in
              "--step-ms with the step time measured without the profiler to scale this estimate")
 
 
-def views(analysis: "Analysis") -> list[RankView]:
+def views(analysis: Analysis) -> list[RankView]:
     return [RankView(r) for r in analysis.ranks]
 
 
@@ -232,7 +233,7 @@ def ms(us: float) -> float:
     return us / 1000.0
 
 
-def finalize(analysis: "Analysis", candidates: list[Candidate]) -> list[Finding]:
+def finalize(analysis: Analysis, candidates: list[Candidate]) -> list[Finding]:
     """Rank candidates by saving, give each unit to the first claimant, and make Findings.
 
     Specific findings claim before generic ones: idle gaps between an unfused optimizer's
@@ -254,7 +255,18 @@ def finalize(analysis: "Analysis", candidates: list[Candidate]) -> list[Finding]
         rank = max(by_rank, key=lambda r: by_rank[r] / steps[r])
         return by_rank[rank] / steps[rank] / 1000.0, rank
 
-    order = sorted(candidates, key=lambda c: (c.generic, -per_step(c.units)[0]))
+    # One finding per id: ranks report the same defect separately; merge their units.
+    merged: dict[str, Candidate] = {}
+    for c in candidates:
+        m = merged.get(c.id)
+        if m is None:
+            merged[c.id] = c
+            continue
+        best = c if per_step(c.units)[0] > per_step(m.units)[0] else m
+        ranks = sorted({u[1] for u in (*m.units, *c.units)})
+        merged[c.id] = Candidate(best.id, best.category, best.title, best.confidence, best.recommendation,
+                                 {**m.units, **c.units}, {**best.evidence, "ranks": ranks}, best.generic)
+    order = sorted(merged.values(), key=lambda c: (c.generic, -per_step(c.units)[0]))
     claimed: set[Unit] = set()
     out: list[Finding] = []
     for c in order:

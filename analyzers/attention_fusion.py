@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
 from gpuprof.analyzers._base import Candidate, ms, top_names, views
+
 from gpuprof.trace.load import parse_arg
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ def _square(dims: Any) -> int:
     return 0
 
 
-def run(analysis: "Analysis") -> list[Candidate]:
+def run(analysis: Analysis) -> list[Candidate]:
     spec = analysis.spec
     assert spec is not None
     out = []
@@ -45,7 +45,7 @@ def run(analysis: "Analysis") -> list[Candidate]:
         ops = v.trace.ops
         rows = k.loc[k["op"] >= 0, "op"].unique()
         sq = {int(r): _square(parse_arg(ops.at[r, "input_dims"])) for r in rows}
-        k_t = k["op"].map(lambda r: sq.get(int(r), 0))
+        k_t = k["op"].map(sq).fillna(0).astype(int)
         names = k["op_name"].astype(str)
         if not (names.isin(SOFTMAX) & (k_t > 0)).any():
             continue

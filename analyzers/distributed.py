@@ -6,11 +6,15 @@ kernel is shortest arrived last; on every other rank, the excess duration is *wa
 Each NCCL kernel's exposed time (not overlapped by compute on its GPU) is split in proportion:
 the transfer part belongs to exposed_communication, the waiting part to rank_imbalance.
 
-exposed_communication — Estimate: the exposed transfer time, less the largest single collective
-per step (the last gradient bucket cannot overlap backward).
-rank_imbalance — Estimate: the waiting time on each rank, less what the slow rank's recorded ops
-taking longer than the same ops on the waiting rank explain (host speed, often the profiler's own
-overhead); the job saves what the most-waiting rank still waits. Evidence names the slow rank and what it did while the others waited (its CPU ops and GPU
+exposed_communication — Estimate: the exposed transfer time while GPU work was queued behind it,
+less the largest single collective per step (the last gradient bucket cannot overlap backward),
+plus the host gaps around mostly-exposed collectives.
+rank_imbalance — Estimate: the waiting time on each rank that held work up: only the part of a
+wait after the GPU work following the collective had been launched (before that, the waiting
+rank's own host was the limit and the wait cost nothing), and only on a waiting rank that is held
+up: its runtime calls block (launch queue full) for at least ``HELD_FRACTION`` of its waits more
+than the slow rank's do; less the profiler's cost of the slow rank's recorded host events
+meanwhile. The job saves what the most-waiting rank still waits. Evidence names the slow rank and what it did while the others waited (its CPU ops and GPU
 activity in those windows, on the common clock).
 """
 
@@ -20,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-
 from gpuprof.analyzers._base import Candidate, RankView, ms, top_names, views
 
 if TYPE_CHECKING:
@@ -46,7 +49,7 @@ def _covered(intervals: pd.DataFrame, a: np.ndarray, b: np.ndarray) -> np.ndarra
     return upto(b) - upto(a)
 
 
-def _collectives(analysis: "Analysis") -> pd.DataFrame:
+def _collectives(analysis: Analysis) -> pd.DataFrame:
     rows = []
     for r in analysis.ranks:
         t = r.trace
@@ -56,12 +59,19 @@ def _collectives(analysis: "Analysis") -> pd.DataFrame:
             continue
         compute = k[~k["is_comm"]][["ts", "end"]]
         exposed = comm["dur"].to_numpy() - _covered(compute, comm["ts"].to_numpy(), comm["end"].to_numpy())
+        # How long before the collective ended was the next non-collective GPU work launched?
+        work = pd.concat([k.loc[~k["is_comm"], ["ts", "launch_ts"]], t.memcpys[["ts", "launch_ts"]]]).sort_values("ts")
+        j = np.searchsorted(work["ts"].to_numpy(), comm["end"].to_numpy())
+        nxt = np.where(j < len(work), work["launch_ts"].to_numpy()[np.minimum(j, len(work) - 1)], np.nan)
+        queued_for = np.nan_to_num(comm["end"].to_numpy() - nxt, nan=np.inf)  # no launch record: queued earlier
+        queued_for = np.clip(queued_for, 0.0, None)
         step_no = t.steps["step"].to_numpy()[comm["step"].to_numpy()]
         rows.append(pd.DataFrame({
             "rank": t.meta.rank, "row": comm.index, "step": step_no, "i": comm.groupby("step").cumcount().to_numpy(),
             "name": comm["name"].astype(str).to_numpy(), "ts": comm["ts"].to_numpy(), "dur": comm["dur"].to_numpy(),
             "exposed": np.maximum(exposed, 0.0), "abs_ts": comm["ts"].to_numpy() + t.meta.t0_epoch_ns / 1000.0,
             "nelems": comm["in_nelems"].to_numpy(), "collective": comm["collective"].astype(object).to_numpy(),
+            "queued_for": queued_for,
         }))
     if not rows:
         return pd.DataFrame()
@@ -77,11 +87,11 @@ def _collectives(analysis: "Analysis") -> pd.DataFrame:
     return c
 
 
-def _steps(analysis: "Analysis") -> dict[int, int]:
+def _steps(analysis: Analysis) -> dict[int, int]:
     return {r.trace.meta.rank: max(len(r.trace.steps), 1) for r in analysis.ranks}
 
 
-def exposed_communication(analysis: "Analysis") -> list[Candidate]:
+def exposed_communication(analysis: Analysis) -> list[Candidate]:
     c = _collectives(analysis)
     if c.empty:
         return []
@@ -91,15 +101,17 @@ def exposed_communication(analysis: "Analysis") -> list[Candidate]:
     for rank, g in c.groupby("rank"):
         # the largest collective of each step stays exposed even with perfect overlap
         last = g.loc[g.groupby("step")["exposed_transfer"].idxmax()]
-        keep = g["exposed_transfer"].copy()
+        # exposed transfer costs only while GPU work was queued behind it (see rank_imbalance)
+        keep = np.minimum(g["exposed_transfer"], g["queued_for"]).astype(float)
         keep.loc[last.index] = 0.0
         for row, v in zip(g["row"], keep):
             if v > 0:
                 units[("k", int(rank), int(row))] = float(v)
         per_rank[int(rank)] = float(g["exposed_transfer"].sum()) / steps[int(rank)]
-    for v in views(analysis):  # the host gaps before each collective go away with it (DDP launches few)
-        comm_rows = v.kernels.index[v.kernels["is_comm"]]
-        units.update(v.inner_gap_units(comm_rows, after=True))
+    exposed_rows = c.loc[c["exposed"] > 0.5 * c["dur"], ["rank", "row"]]
+    for v in views(analysis):  # host gaps around exposed collectives go away with them (DDP launches few)
+        rows = exposed_rows.loc[exposed_rows["rank"] == v.rank, "row"]
+        units.update(v.inner_gap_units(rows, after=True))
     if not units:
         return []
     rank = max(per_rank, key=lambda r: per_rank[r])
@@ -126,7 +138,7 @@ def exposed_communication(analysis: "Analysis") -> list[Candidate]:
     )]
 
 
-def rank_imbalance(analysis: "Analysis") -> list[Candidate]:
+def rank_imbalance(analysis: Analysis) -> list[Candidate]:
     c = _collectives(analysis)
     if c.empty or c["rank"].nunique() < 2:
         return []
@@ -147,13 +159,19 @@ def rank_imbalance(analysis: "Analysis") -> list[Candidate]:
         a = waits["abs_ts"].to_numpy() - s_view.trace.meta.t0_epoch_ns / 1000.0
         n = np.searchsorted(host, a + waits["wait"].to_numpy()) - np.searchsorted(host, a)
         c.loc[waits.index, "real_wait"] = np.maximum(0.0, waits["exposed_wait"].to_numpy() - s_view.event_cost_us * n)
-    # Waiting explained by the slow rank running the *same* recorded ops more slowly (host speed; under
-    # the profiler, often the profiler itself) is not work to rebalance: keep only the rest.
-    host = {rk: _host_busy_per_step(v) for rk, v in vs.items()}
-    slower_ops_us = max(0.0, host[slow] - host[waiting])
-    per_step_wait = c[c["rank"] == waiting]["real_wait"].sum() / steps[waiting]
-    keep = max(0.0, per_step_wait - slower_ops_us) / per_step_wait if per_step_wait > 0 else 0.0
-    c["real_wait"] = c["real_wait"] * keep
+    # A wait costs step time only when work was queued behind it: the GPU work that follows the
+    # collective had been launched before the collective ended. If it was launched later, the host
+    # was the bottleneck and the wait was hidden behind it (a rank that merely entered the window
+    # late, say). Keep only the part of each wait after that next launch.
+    c["real_wait"] = np.minimum(c["real_wait"], c["queued_for"])
+    # And the waiting rank must be held up as a whole: its host blocks in launch calls (the queue
+    # behind the waiting collective fills up), i.e. its runtime calls take noticeably longer per
+    # step than the slow rank's, which runs the same program unhindered. A rank whose host is the
+    # limit anyway (only out of phase with the others) loses nothing to the waits.
+    blocked_us = _runtime_us_per_step(vs[waiting]) - _runtime_us_per_step(vs[slow])
+    held = blocked_us >= HELD_FRACTION * float(c.loc[c["rank"] == waiting, "real_wait"].sum()) / steps[waiting]
+    if not held:
+        c["real_wait"] = 0.0
     real = c.groupby("rank")["real_wait"].sum() / pd.Series(steps)
     units = {("k", int(r), int(row)): float(v) for r, row, v in zip(c["rank"], c["row"], c["real_wait"]) if v > 0}
     if not units:
@@ -162,16 +180,17 @@ def rank_imbalance(analysis: "Analysis") -> list[Candidate]:
     g = s_view.gaps
     if len(g) and len(waits):
         a = np.sort(waits["abs_ts"].to_numpy() - s_view.trace.meta.t0_epoch_ns / 1000.0)
-        b = a + waits["wait"].to_numpy()[np.argsort(waits["abs_ts"].to_numpy())]
-        i = np.searchsorted(a, g["start"].to_numpy(), side="right") - 1
-        inside = (i >= 0) & (g["start"].to_numpy() < b[np.maximum(i, 0)])
-        units.update({("gap", slow, int(j)): 0.0 for j in g.index[inside]})  # claimed, no extra saving
+        b = np.maximum.accumulate(a + waits["wait"].to_numpy()[np.argsort(waits["abs_ts"].to_numpy())])
+        i = np.searchsorted(a, g["end"].to_numpy(), side="left") - 1  # last window starting before the gap ends
+        overlaps = (i >= 0) & (b[np.maximum(i, 0)] > g["start"].to_numpy())
+        units.update({("gap", slow, int(j)): 0.0 for j in g.index[overlaps]})  # same lost time: claimed, no extra saving
     ev: dict[str, Any] = {"slow_rank": slow, "waiting_rank": waiting,
-                          "slow_rank_recorded_ops_slower_ms_per_step": round(ms(slower_ops_us), 3),
+                          "waiting_rank_host_blocked_ms_per_step": round(ms(blocked_us), 3),
                           "wait_ms_per_step_traced": {int(r): round(ms(v), 3) for r, v in wait.items()},
                           "wait_ms_per_step": {int(r): round(ms(v), 3) for r, v in real.items()},
-                          "estimate": "time ranks spend in collectives waiting for the last rank to arrive, less "
-                                      "the profiler's cost of the slow rank's recorded host events meanwhile"}
+                          "estimate": "time ranks spend in collectives waiting for the last rank while their next "
+                                      "GPU work was already queued, less the profiler's cost of the slow rank's "
+                                      "recorded host events meanwhile"}
     if not s_view.host_scale_known:
         from gpuprof.analyzers._base import HOST_NOTE
         ev["note"] = HOST_NOTE
@@ -187,16 +206,17 @@ def rank_imbalance(analysis: "Analysis") -> list[Candidate]:
         units=units, evidence=ev)]
 
 
-def _host_busy_per_step(v: RankView) -> float:
-    """µs per step the host spends in top-level recorded ops (all threads)."""
-    ops = v.trace.ops
-    top = ops[(ops["depth"] == 0) & (ops["step"] >= 0)]
-    return float(top["dur"].sum()) / v.n_steps
+HELD_FRACTION = 0.1  # blocked host time, as a share of the waits, that marks a rank as held up
 
 
-def _meanwhile(analysis: "Analysis", c: pd.DataFrame, slow: int, waiting: int) -> dict[str, Any]:
+def _runtime_us_per_step(v: RankView) -> float:
+    rt = v.trace.runtime
+    return float(rt.loc[rt["step"] >= 0, "dur"].sum()) / v.n_steps
+
+
+def _meanwhile(analysis: Analysis, c: pd.DataFrame, slow: int, waiting: int) -> dict[str, Any]:
     """What the slow rank did while ``waiting`` waited: its CPU ops and GPU activity, same clock."""
-    res: dict[str, "RankResult"] = {str(r.trace.meta.rank): r for r in analysis.ranks}
+    res: dict[str, RankResult] = {str(r.trace.meta.rank): r for r in analysis.ranks}
     s = res[str(slow)].trace
     w = c[(c["rank"] == waiting) & (c["exposed_wait"] > 0)]
     if w.empty:

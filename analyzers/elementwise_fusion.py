@@ -15,8 +15,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
-
 from gpuprof.analyzers._base import Candidate, ms, top_names, views
 
 if TYPE_CHECKING:
@@ -26,7 +24,7 @@ FUSIBLE = ("elementwise", "norm", "reduction", "softmax")
 MIN_CHAIN = 3
 
 
-def run(analysis: "Analysis") -> list[Candidate]:
+def run(analysis: Analysis) -> list[Candidate]:
     out = []
     for v in views(analysis):
         k = v.kernels.sort_values(["device", "stream", "ts"], kind="stable")

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-
 from gpuprof.analyzers._base import HOST_NOTE, SYNC_CALLS, Candidate, RankView, gap_units, ms, views
 
 if TYPE_CHECKING:
@@ -38,7 +37,7 @@ def _common(v: RankView, g: pd.DataFrame) -> dict[str, Any]:
     return ev
 
 
-def input_pipeline(analysis: "Analysis") -> list[Candidate]:
+def input_pipeline(analysis: Analysis) -> list[Candidate]:
     out = []
     for v in views(analysis):
         g = _gaps(v, "input")
@@ -60,7 +59,7 @@ def input_pipeline(analysis: "Analysis") -> list[Candidate]:
     return out
 
 
-def host_sync(analysis: "Analysis") -> list[Candidate]:
+def host_sync(analysis: Analysis) -> list[Candidate]:
     out = []
     for v in views(analysis):
         g = _gaps(v, "sync")
@@ -96,7 +95,7 @@ def host_sync(analysis: "Analysis") -> list[Candidate]:
     return out
 
 
-def launch_overhead(analysis: "Analysis") -> list[Candidate]:
+def launch_overhead(analysis: Analysis) -> list[Candidate]:
     out = []
     for v in views(analysis):
         g = _gaps(v, "launch")

@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
 from gpuprof.analyzers._base import Candidate, ms, top_names, views
+
 from gpuprof.costmodel import _numel
 from gpuprof.trace.load import parse_arg
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 MIN_KERNELS = 20
 
 
-def run(analysis: "Analysis") -> list[Candidate]:
+def run(analysis: Analysis) -> list[Candidate]:
     spec = analysis.spec
     assert spec is not None
     out = []

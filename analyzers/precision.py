@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-
 from gpuprof.analyzers._base import Candidate, ms, top_names, views
 
 if TYPE_CHECKING:
@@ -21,7 +20,7 @@ if TYPE_CHECKING:
 MATMUL = ("gemm", "attention", "conv")
 
 
-def run(analysis: "Analysis") -> list[Candidate]:
+def run(analysis: Analysis) -> list[Candidate]:
     spec = analysis.spec
     assert spec is not None
     out = []

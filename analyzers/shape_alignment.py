@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-
 from gpuprof.analyzers._base import Candidate, ms, top_names, views
+
 from gpuprof.costmodel import gemm_mnk
 from gpuprof.trace.load import parse_arg
 
@@ -25,14 +25,14 @@ if TYPE_CHECKING:
     from gpuprof.api import Analysis
 
 ALIGN = {"bf16": 8, "fp16": 8, "fp8": 16, "int8": 16, "fp32": 4}
-_OLD_ARCH = re.compile(r"cutlass_75|sm75_|sm80_xmma|ampere_", re.I)
+_OLD_ARCH = re.compile(r"cutlass_75|sm75_|sm80_xmma|ampere_", re.IGNORECASE)
 
 
 def _pad(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
-def run(analysis: "Analysis") -> list[Candidate]:
+def run(analysis: Analysis) -> list[Candidate]:
     out = []
     hopper = any(p.get("computeMajor", 0) >= 9 for r in analysis.ranks for p in r.trace.meta.device_properties)
     for v in views(analysis):

@@ -17,8 +17,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-
 from gpuprof.analyzers._base import Candidate, ms, top_names, views
+
 from gpuprof.costmodel import gemm_mnk
 from gpuprof.trace.load import parse_arg
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 GEMV_ROWS = 16
 
 
-def pageable_memcpy(analysis: "Analysis") -> list[Candidate]:
+def pageable_memcpy(analysis: Analysis) -> list[Candidate]:
     spec = analysis.spec
     out = []
     for r in analysis.ranks:
@@ -66,7 +66,7 @@ def pageable_memcpy(analysis: "Analysis") -> list[Candidate]:
     return out
 
 
-def memory_bound_decode(analysis: "Analysis") -> list[Candidate]:
+def memory_bound_decode(analysis: Analysis) -> list[Candidate]:
     out = []
     for v in views(analysis):
         ops = v.trace.ops
@@ -80,7 +80,8 @@ def memory_bound_decode(analysis: "Analysis") -> list[Candidate]:
             continue
         rows = {int(r): gemm_mnk(str(ops.at[int(r), "name"]), parse_arg(ops.at[int(r), "input_dims"]))
                 for r in g["op"].unique()}
-        m_rows = g["op"].map(lambda r: (rows.get(int(r)) or (0, 10**9, 0, 0))[1])
+        m_of = {r: mnk[1] for r, mnk in rows.items() if mnk}
+        m_rows = g["op"].map(m_of).fillna(10**9)
         gemv = g[(m_rows <= GEMV_ROWS) & g["bound"].isin(["memory", "latency"])]
         if gemv.empty or gemv["dur"].sum() < 0.5 * g["dur"].sum():
             continue

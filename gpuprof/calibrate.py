@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 import statistics
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def _median_ms(fn: Callable[[], object], warmup: int, repeat: int) -> float:

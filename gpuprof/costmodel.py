@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -157,7 +158,7 @@ def gemm_mnk(name: str, dims: Any) -> tuple[int, int, int, int] | None:
 def _mm(dims: list[Any], types: list[Any], concrete: list[Any]) -> Cost | None:
     if len(dims) < 2 or not (_is_shape(dims[0]) and _is_shape(dims[1])) or len(dims[0]) != 2 or len(dims[1]) != 2:
         return None
-    (m, k), (k2, n) = dims[0], dims[1]
+    (m, k), (_, n) = dims[0], dims[1]
     out_t = "c10::BFloat16" if str(types[0]).startswith("c10::Float8") else ("int" if types[0] == "signed char" else types[0])
     return _gemm(m, n, k, 1, types[0], out_t)
 

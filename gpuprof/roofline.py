@@ -27,10 +27,10 @@ SHORT_US = 10.0
 
 # CUDA-core matrix kernels first: some names (sm80_xmma_gemm_f32f32_..._ffma) also match the tensor pattern.
 _CUDA_CORE = re.compile(r"simt|sgemm|dgemm|_ffma|gemv|gemmSN|fmha_cutlass[FB]_f32|implicit_convolve_sgemm|"
-                        r"convolve_common_engine_float|dot_kernel", re.I)
+                        r"convolve_common_engine_float|dot_kernel", re.IGNORECASE)
 _TENSOR_CORE = re.compile(r"nvjet|gmma|wgmma|tensorop|hmma|imma|_mma|s1688|h1688|s16816|h16816|i8816|"
-                          r"xmma_\w*(?:bf16|f16|tf32|e4m3|e5m2|i8)|flash|fmha|_sdpa_|cutlass\w*(?:bf16|f16|tf32)", re.I)
-_TF32_NAME = re.compile(r"tf32", re.I)
+                          r"xmma_\w*(?:bf16|f16|tf32|e4m3|e5m2|i8)|flash|fmha|_sdpa_|cutlass\w*(?:bf16|f16|tf32)", re.IGNORECASE)
+_TF32_NAME = re.compile(r"tf32", re.IGNORECASE)
 
 
 def engine_of(names: pd.Series) -> pd.Series:

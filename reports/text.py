@@ -32,9 +32,9 @@ def render_text(doc: dict[str, Any], color: bool = False, top: int = 10) -> str:
     lines = [
         bold(f"gpuprof {doc['tool']['version']}") + f"  {_safe(gpu['name'])}"
         + (f" ({_safe(gpu['spec']['source'])})" if gpu["spec"].get("source") else ""),
-        f"ranks {len(doc['source']['ranks'])}   steps {s['steps']} ({_safe(s['steps_source'])})   "
-        f"step time {bold(_num(s['step_time_ms'], '{:.2f} ms'))}   GPU busy {_num(s['gpu_busy_pct'], '{:.1f}%')}   "
-        f"MFU {bold(_num(s['mfu_pct'], '{:.1f}%', 'n/a'))}",
+        (f"ranks {len(doc['source']['ranks'])}   steps {s['steps']} ({_safe(s['steps_source'])})   "
+         f"step time {bold(_num(s['step_time_ms'], '{:.2f} ms'))}   GPU busy {_num(s['gpu_busy_pct'], '{:.1f}%')}   "
+         f"MFU {bold(_num(s['mfu_pct'], '{:.1f}%', 'n/a'))}"),
     ]
     b = s["breakdown_pct"]
     parts = [f"{k} {v:.1f}%" for k, v in sorted(b.items(), key=lambda kv: -(kv[1] or 0)) if v and v >= 0.05]

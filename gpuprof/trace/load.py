@@ -20,8 +20,7 @@ import pandas as pd
 
 from gpuprof.errors import TraceError
 from gpuprof.trace.links import attach_links
-from gpuprof.trace.model import RankTrace, TraceMeta
-
+from gpuprof.trace.model import RankTrace
 
 _NO_RAW = msgspec.Raw(b"")
 
@@ -78,7 +77,7 @@ class _TraceFile(msgspec.Struct):
 
 _DECODER = msgspec.json.Decoder(_TraceFile | list[_Event])
 _RANK_IN_NAME = re.compile(r"(?:rank|_r|-r)[_-]?(\d+)", re.IGNORECASE)
-_COMM_KERNEL = re.compile(r"nccl|rccl|cross_device_reduce|all_?reduce|all_?gather|reduce_?scatter|sendrecv", re.I)
+_COMM_KERNEL = re.compile(r"nccl|rccl|cross_device_reduce|all_?reduce|all_?gather|reduce_?scatter|sendrecv", re.IGNORECASE)
 _MEMCPY_NAME = re.compile(r"^Memcpy (\w+) \((\w+) -> (\w+)\)")
 
 

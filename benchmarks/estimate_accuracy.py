@@ -1,0 +1,65 @@
+"""Estimated savings vs. realised step-time differences, for every bad/good sample-trace pair.
+
+For each pair: analyse the bad trace (with its unprofiled step time, as `gpuprof record` or
+`--step-ms` supplies it), take the finding of the pair's category, and compare its estimated
+saving with the realised difference of the unprofiled step times (bad − good, each the mean of
+two runs, in sample_traces/h200/timings/). Also checks the category is in the bad trace's top 3
+and not raised with ≥ 5 % by the good trace. Prints the tables of docs/accuracy.md.
+
+    python -m benchmarks.estimate_accuracy
+"""
+
+from __future__ import annotations
+
+import gpuprof
+from benchmarks.pairs import pairs, step_ms, trace_path
+
+
+def evaluate(with_step_ms: bool = True) -> list[dict[str, object]]:
+    rows = []
+    for cat, bad, good, comparable in pairs():
+        a = gpuprof.analyze(trace_path(bad), step_ms=step_ms(bad) if with_step_ms else None)
+        b = gpuprof.analyze(trace_path(good), step_ms=step_ms(good) if with_step_ms else None)
+        cats = [f.category for f in a.findings]
+        mine = next((f for f in a.findings if f.category == cat), None)
+        good_f = next((f for f in b.findings if f.category == cat), None)
+        realised = step_ms(bad) - step_ms(good)
+        est = mine.estimated_savings_ms if mine else 0.0
+        rows.append({
+            "category": cat, "bad": bad, "good": good, "rank_in_bad": cats.index(cat) + 1 if cat in cats else None,
+            "bad_top1": cats[0] if cats else None,
+            "estimated_ms": est, "estimated_pct": mine.estimated_savings_pct if mine else 0.0,
+            "realised_ms": realised if comparable else None,
+            "realised_pct": 100 * realised / step_ms(bad) if comparable else None,
+            "error_pct": 100 * (est - realised) / realised if comparable and realised > 0 else None,
+            "good_pct": good_f.estimated_savings_pct if good_f else 0.0,
+            "bad_step_ms": step_ms(bad), "good_step_ms": step_ms(good),
+        })
+    return rows
+
+
+def markdown(rows: list[dict[str, object]]) -> str:
+    out = ["| category | bad → good | rank in bad | estimated ms (%) | realised ms (%) | error | good raises |",
+           "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        real = "not run" if r["realised_ms"] is None else f"{r['realised_ms']:.2f} ({r['realised_pct']:.0f}%)"
+        err = "–" if r["error_pct"] is None else f"{r['error_pct']:+.0f}%"
+        out.append(f"| {r['category']} | {r['bad']} ({r['bad_step_ms']:.2f} ms) → {r['good']} ({r['good_step_ms']:.2f} ms) "
+                   f"| {r['rank_in_bad'] or '–'} | {r['estimated_ms']:.2f} ({r['estimated_pct']:.0f}%) | {real} | {err} "
+                   f"| {r['good_pct']:.1f}% |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    parts = []
+    for with_step_ms, title in ((True, "With the unprofiled step time (`--step-ms`, or a `gpuprof record` run)"),
+                                (False, "From the bare traces alone")):
+        rows = evaluate(with_step_ms)
+        within = [r for r in rows if r["error_pct"] is not None]
+        ok = sum(abs(float(r["error_pct"])) <= 35 for r in within)  # type: ignore[arg-type]
+        parts.append(f"### {title}\n\n{markdown(rows)}\n\nWithin ±35 %: {ok} of {len(within)} pairs.\n")
+    print("\n".join(parts))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+"""The bad/good sample-trace pairs (sample_traces/h200/pairs.json) and their unprofiled timings.
+
+Shared by benchmarks/estimate_accuracy.py and tests/test_analyzers.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+H200 = Path(__file__).resolve().parents[1] / "sample_traces" / "h200"
+
+
+def pairs() -> list[tuple[str, str, str, bool]]:
+    """(category, bad, good, realised saving measured) for every pair."""
+    doc = json.loads((H200 / "pairs.json").read_text())
+    return [(p["category"], p["bad"], p["good"], bool(p["realised_saving"])) for p in doc["pairs"]]
+
+
+def trace_path(name: str) -> Path:
+    """A pair member's trace: a folder of rank traces, or one file."""
+    return H200 / name if (H200 / name).is_dir() else H200 / f"{name}.json.gz"
+
+
+def step_ms(name: str) -> float:
+    """The member's step time measured without the profiler (rank 0 for folders)."""
+    f = H200 / "timings" / (f"{name}_rank0.json" if (H200 / name).is_dir() else f"{name}.json")
+    return float(json.loads(f.read_text())["step_ms"])
