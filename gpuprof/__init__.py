@@ -12,12 +12,19 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["Analysis", "Finding", "GpuprofError", "__version__", "analyze"]
+__all__ = ["Analysis", "Finding", "GpuprofError", "__version__", "analyze", "step"]
 
 if TYPE_CHECKING:
     from gpuprof.api import Analysis, analyze
     from gpuprof.errors import GpuprofError
     from gpuprof.findings import Finding
+
+
+def step() -> None:
+    """Mark one step for ``gpuprof record`` in loops without an optimizer; a no-op otherwise."""
+    from gpuprof.record.hook import step as _step
+
+    _step()
 
 
 def __getattr__(name: str) -> Any:

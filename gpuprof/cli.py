@@ -45,6 +45,7 @@ def main() -> None:
 
     \b
     Commands:
+      record     profile an unchanged program into a run folder (traces, NVML samples, manifest)
       report     analyse Kineto traces (a file, a folder of rank traces, or a run folder)
       calibrate  measure this GPU's real matmul and memory ceilings into a spec file
     """
@@ -78,6 +79,53 @@ def report(paths: tuple[Path, ...], fmt: str, output: Path | None, force: bool, 
             click.echo(f"wrote {output}", err=True)
     except GpuprofError as e:
         _fail(e)
+
+
+def _schedule(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, int, int, int]:
+    try:
+        parts = [int(x) for x in value.split(",")]
+        if len(parts) == 3:
+            parts.append(1)
+        if len(parts) != 4 or parts[2] < 1 or min(parts) < 0 or parts[3] < 1:
+            raise ValueError
+    except ValueError:
+        raise click.BadParameter("expected WAIT,WARMUP,ACTIVE[,REPEAT] with ACTIVE and REPEAT >= 1, e.g. 1,2,3") from None
+    return parts[0], parts[1], parts[2], parts[3]
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--out", type=click.Path(path_type=Path), help="Run folder to create (default: a new one under ./gpuprof_runs/).")
+@click.option("--schedule", default="1,2,3", show_default=True, callback=_schedule,
+              help="Profiler schedule WAIT,WARMUP,ACTIVE[,REPEAT] in steps, after the skipped and timed steps.")
+@click.option("--skip-steps", default=5, show_default=True, help="Steps left alone at start (compilation, warm-up).")
+@click.option("--timed-steps", default=10, show_default=True,
+              help="Steps timed without the profiler: the real step time that corrects host-side estimates.")
+@click.option("--nvml-hz", default=20.0, show_default=True, help="NVML samples per second per GPU.")
+@click.option("--no-nvml", is_flag=True, help="Do not sample NVML.")
+@click.option("--with-stack", is_flag=True, help="Record Python stacks (names call sites; larger traces).")
+@click.option("--record-shapes/--no-record-shapes", default=True, show_default=True,
+              help="Record op input shapes (needed for FLOP/byte models).")
+@click.argument("cmd", nargs=-1, type=click.UNPROCESSED, required=True)
+def record(out: Path | None, schedule: tuple[int, int, int, int], skip_steps: int, timed_steps: int, nvml_hz: float,
+           no_nvml: bool, with_stack: bool, record_shapes: bool, cmd: tuple[str, ...]) -> None:
+    """Profile an unchanged program: gpuprof record [OPTIONS] -- CMD ARGS...
+
+    \b
+    Works with `python train.py`, `python -m pkg`, `torchrun --nproc_per_node N train.py`:
+    every rank writes traces/rank{R}.json.gz. Steps are counted at each optimizer.step();
+    loops without an optimizer call gpuprof.step() once per step. Writes manifest.json and
+    nvml.csv, and exits with the program's exit code.
+    """
+    from gpuprof.record.launcher import Options, record as run
+
+    wait, warmup, active, repeat = schedule
+    try:
+        code = run(list(cmd), Options(out=out, skip=skip_steps, timed=timed_steps, wait=wait, warmup=warmup,
+                                      active=active, repeat=repeat, nvml_hz=nvml_hz, nvml=not no_nvml,
+                                      with_stack=with_stack, record_shapes=record_shapes))
+    except GpuprofError as e:
+        _fail(e)
+    sys.exit(code)
 
 
 @main.command()
