@@ -17,6 +17,7 @@ from gpuprof.analyzers import (
     distributed,
     elementwise_fusion,
     host_gaps,
+    nvml,
     optimizer_fusion,
     precision,
     shape_alignment,
@@ -51,6 +52,8 @@ REGISTRY: tuple[Analyzer, ...] = (
     Analyzer("memory_bound_decode", transfers.memory_bound_decode, ("gpu", "shapes", "spec")),
     Analyzer("exposed_communication", distributed.exposed_communication, ("gpu",)),
     Analyzer("rank_imbalance", distributed.rank_imbalance, ("gpu", "multi_rank")),
+    Analyzer("gpu_throttling", nvml.gpu_throttling, ("gpu", "nvml")),
+    Analyzer("memory_capacity", nvml.memory_capacity, ("nvml",)),
 )
 
 
@@ -62,6 +65,8 @@ def _unmet(analysis: Analysis, needs: tuple[str, ...]) -> str | None:
         return "the trace has no input shapes (record_shapes=False)"
     if "multi_rank" in needs and len(ranks) < 2:
         return "needs traces of two or more ranks"
+    if "nvml" in needs and not any(r.nvml is not None and len(r.nvml) for r in ranks):
+        return "no NVML samples (record the run with `gpuprof record` on a GPU machine)"
     if "spec" in needs and analysis.spec is None:
         return "the GPU is unknown (pass --gpu NAME or --gpu-spec FILE)"
     return None

@@ -47,6 +47,7 @@ class Candidate:
     units: dict[Unit, float]  # µs saved per unit, over all profiled steps of that unit's rank
     evidence: dict[str, Any] = field(default_factory=dict)
     generic: bool = False  # a catch-all (launch overhead): claims only what specific findings left
+    informational: bool = False  # reported with no saving (severity "info"), e.g. memory headroom
 
 
 class RankView:
@@ -265,7 +266,8 @@ def finalize(analysis: Analysis, candidates: list[Candidate]) -> list[Finding]:
         best = c if per_step(c.units)[0] > per_step(m.units)[0] else m
         ranks = sorted({u[1] for u in (*m.units, *c.units)})
         merged[c.id] = Candidate(best.id, best.category, best.title, best.confidence, best.recommendation,
-                                 {**m.units, **c.units}, {**best.evidence, "ranks": ranks}, best.generic)
+                                 {**m.units, **c.units}, {**best.evidence, "ranks": ranks}, best.generic,
+                                 best.informational)
     order = sorted(merged.values(), key=lambda c: (c.generic, -per_step(c.units)[0]))
     claimed: set[Unit] = set()
     out: list[Finding] = []
@@ -275,7 +277,7 @@ def finalize(analysis: Analysis, candidates: list[Candidate]) -> list[Finding]:
         saving, rank = per_step(kept)
         total, _ = per_step(c.units)
         saving = min(saving, step_ms[rank])
-        if saving <= 0:
+        if saving <= 0 and not c.informational:
             continue
         pct = 100.0 * saving / step_ms[rank] if step_ms[rank] > 0 else 0.0
         ev = dict(c.evidence)

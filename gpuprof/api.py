@@ -68,6 +68,8 @@ class RankResult:
     roofline: pd.DataFrame
     summary: StepSummary
     unprofiled_step_ms: float | None = None  # measured without the profiler, when known
+    nvml: pd.DataFrame | None = None  # this rank's GPU samples over the run (in_window marks the profiled steps)
+    nvml_period_s: float = 0.05
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,19 @@ class Analysis:
     @property
     def memcpys(self) -> pd.DataFrame:
         return pd.concat([r.trace.memcpys.assign(rank=r.trace.meta.rank) for r in self.ranks], ignore_index=True)
+
+    @property
+    def nvml(self) -> pd.DataFrame:
+        """NVML samples of each rank's GPU over the run, ``in_window`` marking the profiled steps."""
+        parts = [r.nvml for r in self.ranks if r.nvml is not None]
+        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+    @property
+    def nvml_summary(self) -> list[dict[str, Any]]:
+        from gpuprof.nvml_data import summarize as nvml_summarize
+
+        return [{"rank": r.trace.meta.rank, "gpu": int(r.nvml["gpu"].iloc[0]) if len(r.nvml) else None,
+                 **nvml_summarize(r.nvml, r.nvml_period_s)} for r in self.ranks if r.nvml is not None]
 
     @property
     def steps(self) -> pd.DataFrame:
@@ -213,6 +228,7 @@ class Analysis:
             },
             "summary": _clean(summary),
             "kernels": kernels,
+            "nvml": _clean(self.nvml_summary),
             "findings": [f.to_dict() for f in self.findings],
             "analyzers_skipped": list(self.skipped),
             "warnings": self.warnings,
@@ -271,13 +287,51 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
     traces.sort(key=lambda t: t.meta.rank)
     props = [p for t in traces for p in t.meta.device_properties]
     spec = resolve(props, gpu=gpu, spec_file=gpu_spec)
+    samples, period, gpu_of = _run_nvml(seq)
     results = []
     for t in traces:
         roof = classify(t, spec)
-        results.append(RankResult(t, roof, summarize(t.steps, t.kernels, roof, t.memcpys, spec), step_ms))
+        results.append(RankResult(t, roof, summarize(t.steps, t.kernels, roof, t.memcpys, spec), step_ms,
+                                  _rank_samples(t, samples, gpu_of), period))
     base = Analysis(ranks=tuple(results), spec=spec)
     findings, skipped = run_analyzers(base, only=analyzers)
     return Analysis(ranks=tuple(results), spec=spec, findings=tuple(findings), skipped=tuple(skipped))
+
+
+def _run_nvml(paths: Sequence[str | Path]) -> tuple[pd.DataFrame | None, float, dict[int, int]]:
+    """NVML samples of a run folder, the sampling period, and each rank's physical GPU index."""
+    from gpuprof.nvml_data import load_csv
+
+    for p in paths:
+        m = Path(p) / "manifest.json"
+        if not m.is_file():
+            continue
+        try:
+            doc = json.loads(m.read_text())
+        except (OSError, ValueError):
+            return None, 0.05, {}
+        nv = doc.get("nvml") or {}
+        csv_path = Path(p) / str(nv.get("path", ""))
+        if not nv.get("path") or not csv_path.is_file():
+            return None, 0.05, {}
+        gpu_of = {}
+        for r in doc.get("ranks", []):
+            dev, vis = r.get("cuda_device"), r.get("cuda_visible_devices")
+            if isinstance(dev, int):
+                ids = [x for x in str(vis).split(",") if x.strip().isdigit()] if vis else []
+                gpu_of[int(r.get("rank", 0))] = int(ids[dev]) if dev < len(ids) else dev
+        return load_csv(csv_path), 1.0 / float(nv.get("hz") or 20.0), gpu_of
+    return None, 0.05, {}
+
+
+def _rank_samples(t: RankTrace, samples: pd.DataFrame | None, gpu_of: dict[int, int]) -> pd.DataFrame | None:
+    if samples is None or t.steps.empty:
+        return None
+    gpu = gpu_of.get(t.meta.rank, t.meta.rank)
+    start = t.meta.t0_epoch_ns + int(t.steps["start"].min() * 1000)
+    end = t.meta.t0_epoch_ns + int(t.steps["end"].max() * 1000)
+    w = samples[samples["gpu"] == gpu]
+    return w.assign(rank=t.meta.rank, in_window=(w["ts_ns"] >= start) & (w["ts_ns"] <= end))
 
 
 def _manifest_step_ms(paths: Sequence[str | Path]) -> float | None:

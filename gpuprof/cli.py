@@ -102,12 +102,15 @@ def _schedule(ctx: click.Context, param: click.Parameter, value: str) -> tuple[i
               help="Steps timed without the profiler: the real step time that corrects host-side estimates.")
 @click.option("--nvml-hz", default=20.0, show_default=True, help="NVML samples per second per GPU.")
 @click.option("--no-nvml", is_flag=True, help="Do not sample NVML.")
+@click.option("--no-gpm", is_flag=True, help="Do not read Hopper GPM metrics (SM/tensor/DRAM utilisation).")
+@click.option("--no-nvml-counters", is_flag=True, help="Do not read PCIe/NVLink byte counters.")
 @click.option("--with-stack", is_flag=True, help="Record Python stacks (names call sites; larger traces).")
 @click.option("--record-shapes/--no-record-shapes", default=True, show_default=True,
               help="Record op input shapes (needed for FLOP/byte models).")
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED, required=True)
 def record(out: Path | None, schedule: tuple[int, int, int, int], skip_steps: int, timed_steps: int, nvml_hz: float,
-           no_nvml: bool, with_stack: bool, record_shapes: bool, cmd: tuple[str, ...]) -> None:
+           no_nvml: bool, no_gpm: bool, no_nvml_counters: bool, with_stack: bool, record_shapes: bool,
+           cmd: tuple[str, ...]) -> None:
     """Profile an unchanged program: gpuprof record [OPTIONS] -- CMD ARGS...
 
     \b
@@ -122,6 +125,7 @@ def record(out: Path | None, schedule: tuple[int, int, int, int], skip_steps: in
     try:
         code = run(list(cmd), Options(out=out, skip=skip_steps, timed=timed_steps, wait=wait, warmup=warmup,
                                       active=active, repeat=repeat, nvml_hz=nvml_hz, nvml=not no_nvml,
+                                      gpm=not no_gpm, nvml_counters=not no_nvml_counters,
                                       with_stack=with_stack, record_shapes=record_shapes))
     except GpuprofError as e:
         _fail(e)

@@ -93,7 +93,8 @@ def test_analyzers_skip_with_a_reason(tmp_path: Path) -> None:
     a = gpuprof.analyze(b.write(tmp_path / "cpu_only.json"))
     reasons = {s["analyzer"]: s["reason"] for s in a.skipped}
     assert set(reasons) == {x.name for x in REGISTRY}
-    assert all("no GPU events" in r for r in reasons.values())
+    assert all("no GPU events" in r or "no NVML samples" in r for r in reasons.values())
+    assert "no NVML samples" in reasons["memory_capacity"]
     assert a.findings == ()
     one_rank = gpuprof.analyze(SAMPLES / "tiny_graph.json.gz")
     assert {"analyzer": "rank_imbalance", "reason": "needs traces of two or more ranks"} in one_rank.skipped
@@ -105,7 +106,26 @@ def test_every_category_is_owned_by_an_analyzer_or_listed_as_pending() -> None:
              "exposed_communication", "rank_imbalance"}
     names = {a.name for a in REGISTRY}
     assert owned <= names
-    assert set(CATEGORIES) - owned == {"gpu_throttling", "memory_capacity"}  # need NVML samples (collector)
+    assert set(CATEGORIES) - owned == {"gpu_throttling", "memory_capacity"}
+    assert {"gpu_throttling", "memory_capacity"} <= names  # from NVML samples of recorded runs
+
+
+def test_gpu_throttling_on_recorded_runs() -> None:
+    """Real `gpuprof record` runs on an H200: a sustained bf16 GEMM loop at the power cap (bad)
+    and the bf16 GPT training run (good)."""
+    bad = gpuprof.analyze(SAMPLES / "run_gemm_loop")
+    f = bad.findings[0]
+    assert f.category == "gpu_throttling" and "SW power cap" in f.title and f.severity == "high"
+    assert 1300 < f.evidence["sm_clock_mhz_when_held"] < 1700 and f.evidence["sm_clock_mhz_max"] == 1980
+    good = gpuprof.analyze(SAMPLES / "run_gpt_bf16")
+    assert "gpu_throttling" not in [x.category for x in good.findings]
+    mem = next(x for x in good.findings if x.category == "memory_capacity")
+    assert mem.severity == "info" and mem.estimated_savings_ms == 0.0 and "larger batch" in mem.title
+    assert "memory_capacity" not in [x.category for x in bad.findings]  # saturated GPU: no batch advice
+    doc = json.loads(bad.to_json())
+    n = doc["nvml"][0]
+    assert n["busy_samples"] > 100 and n["clock_event_reasons"]["SW power cap"]["pct_of_busy_time"] > 90
+    assert n["gpm_tensor_util_pct_mean"] > 0
 
 
 def test_severity_follows_savings() -> None:

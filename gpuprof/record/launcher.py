@@ -37,6 +37,8 @@ class Options:
     repeat: int = 1
     nvml_hz: float = 20.0
     nvml: bool = True
+    gpm: bool = True
+    nvml_counters: bool = True
     with_stack: bool = False
     record_shapes: bool = True
 
@@ -106,7 +108,8 @@ def record(cmd: list[str], opts: Options) -> int:
         try:
             nv = load_nvml()
             base["gpus"] = _gpus(nv)
-            sampler = Sampler(run_dir / "nvml.csv", opts.nvml_hz, nv, _visible(env))
+            sampler = Sampler(run_dir / "nvml.csv", opts.nvml_hz, nv, _visible(env), gpm=opts.gpm,
+                              fields=opts.nvml_counters)
             sampler.start()
             nvml_info.update(path="nvml.csv", hz=opts.nvml_hz, devices=sampler.devices)
         except Exception as e:

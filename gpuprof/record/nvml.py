@@ -7,7 +7,8 @@ sm_clock_max_mhz, clock_event_reasons (bitmask: 0x1 idle, 0x4 SW power cap, 0x8 
 0x20 SW thermal, 0x40 HW thermal, 0x80 power brake), temp_c, pcie_tx_bytes, pcie_rx_bytes,
 nvlink_tx_bytes, nvlink_rx_bytes (cumulative counters: take differences), and on Hopper and newer
 the GPM metrics gpm_sm_util_pct, gpm_sm_occupancy_pct, gpm_tensor_util_pct, gpm_dram_bw_util_pct
-(each over the interval since the previous sample).
+(each over the interval since the previous sample). GPM and the byte counters cost most of the
+sampler's CPU time, so they are read on every ``SLOW_EVERY``-th sample only (empty in between).
 
 Every metric is optional: one that fails once (not supported, no permission) is switched off and
 listed in ``unavailable``; the sampler never raises into the program being profiled.
@@ -33,6 +34,9 @@ FIELDS = {"pcie_tx_bytes": "NVML_FI_DEV_PCIE_COUNT_TX_BYTES", "pcie_rx_bytes": "
           "nvlink_rx_bytes": "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX"}
 
 
+SLOW_EVERY = 4
+
+
 def load_nvml() -> Any:
     """The pynvml module (from nvidia-ml-py), initialised; raises on any failure."""
     import pynvml
@@ -45,7 +49,7 @@ class Sampler(threading.Thread):
     """Samples ``devices`` (indices; all when None) every 1/hz s into ``path`` until ``stop()``."""
 
     def __init__(self, path: Path, hz: float, nvml: Any, devices: list[int] | None = None,
-                 clock: Callable[[], int] = time.time_ns) -> None:
+                 clock: Callable[[], int] = time.time_ns, gpm: bool = True, fields: bool = True) -> None:
         super().__init__(name="gpuprof-nvml", daemon=True)
         self.path, self.period, self.nv, self.clock = path, 1.0 / hz, nvml, clock
         count = nvml.nvmlDeviceGetCount()
@@ -58,7 +62,12 @@ class Sampler(threading.Thread):
         self._static: dict[int, dict[str, Any]] = {d: self._read_static(h) for d, h in self.handles.items()}
         self._gpm: dict[int, Any] = {}
         self._gpm_prev: dict[int, Any] = {}
-        self._init_gpm()
+        if not fields:
+            self.off.update({c: "switched off (--no-nvml-counters)" for c in FIELDS})
+        if gpm:
+            self._init_gpm()
+        else:
+            self.off["gpm"] = "switched off (--no-gpm)"
 
     # --- reading ---------------------------------------------------------------------------
     def _try(self, name: str, fn: Callable[[], Any]) -> Any:
@@ -142,8 +151,11 @@ class Sampler(threading.Thread):
                 "clock_event_reasons": self._try("clock_event_reasons",
                                                  lambda: int(nv.nvmlDeviceGetCurrentClocksEventReasons(h))),
                 "temp_c": self._try("temperature", lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
-                **self._static[d], **self._fields(h), **self._gpm_values(d, h),
+                **self._static[d],
             }
+            if self.samples % SLOW_EVERY == 0:
+                row.update(self._fields(h))
+                row.update(self._gpm_values(d, h))
             rows.append(row)
         self.samples += 1
         return rows
@@ -152,12 +164,12 @@ class Sampler(threading.Thread):
     def run(self) -> None:
         t_cpu = time.thread_time()
         with open(self.path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-            w.writeheader()
+            w = csv.writer(f)
+            w.writerow(COLUMNS)
             nxt = time.monotonic()
             while not self._stop_event.is_set():
                 try:
-                    w.writerows(self.sample_once())
+                    w.writerows([[row.get(c) for c in COLUMNS] for row in self.sample_once()])
                 except Exception as e:  # never let the sampler take the program down
                     self.off.setdefault("sampler", f"{e.__class__.__name__}: {e}")
                     break

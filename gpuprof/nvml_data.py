@@ -1,0 +1,83 @@
+"""NVML samples of a run folder (``nvml.csv``, written by ``gpuprof record``) and their summary.
+
+Samples are on the Unix clock in ns, the clock Kineto's ``baseTimeNanoseconds`` uses, so a rank's
+profiled window selects its samples exactly. But the window is short (a few steps: a handful of
+samples) and follows the profiler's own start-up pause, during which the GPU idles and cools; NVML
+utilisation and power are also averages that lag by ~100 ms. So clocks, power, throttling and
+GPM are summarised over the samples in which the GPU was working (utilisation ≥ ``BUSY_PCT``)
+across the run, and memory over the whole run. Throttle reasons are NVML clock-event bits.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpuprof.errors import TraceError
+
+REASONS = {0x1: "idle", 0x2: "application clocks", 0x4: "SW power cap", 0x8: "HW slowdown",
+           0x20: "SW thermal", 0x40: "HW thermal", 0x80: "power brake"}
+#: Bits that mean the clock is held down while the GPU has work (not idle, not a user setting).
+THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
+BUSY_PCT = 50
+
+
+def load_csv(path: Path) -> pd.DataFrame:
+    try:
+        df = pd.read_csv(path)
+    except (OSError, ValueError) as e:
+        raise TraceError(f"unreadable NVML samples ({e.__class__.__name__}: {e})", str(path)) from None
+    if "ts_ns" not in df.columns or "gpu" not in df.columns:
+        raise TraceError("not a gpuprof NVML file (no ts_ns/gpu columns)", str(path))
+    return df
+
+
+def busy(w: pd.DataFrame) -> pd.DataFrame:
+    """The samples in which the GPU was working."""
+    return w[pd.to_numeric(w["util_gpu_pct"], errors="coerce") >= BUSY_PCT] if "util_gpu_pct" in w else w
+
+
+def summarize(samples: pd.DataFrame, period_s: float) -> dict[str, Any]:
+    """Means over busy samples, clocks vs. max, power vs. limit, throttle reasons seen and for how
+    long, and peak memory over the run."""
+    if samples.empty:
+        return {"samples": 0}
+    w = busy(samples)
+    if w.empty:
+        w = samples
+
+    def mean(col: str) -> float | None:
+        v = pd.to_numeric(w.get(col), errors="coerce") if col in w else None
+        return float(v.mean()) if v is not None and v.notna().any() else None
+
+    def top(col: str) -> float | None:
+        v = pd.to_numeric(w.get(col), errors="coerce") if col in w else None
+        return float(v.max()) if v is not None and v.notna().any() else None
+
+    reasons = pd.to_numeric(w["clock_event_reasons"], errors="coerce").fillna(0).astype(np.int64) \
+        if "clock_event_reasons" in w else pd.Series(dtype=np.int64)
+    seen = {name: {"samples": int(((reasons & bit) != 0).sum()),
+                   "seconds": round(float(((reasons & bit) != 0).sum()) * period_s, 3),
+                   "pct_of_busy_time": round(100.0 * float(((reasons & bit) != 0).mean()), 1)}
+            for bit, name in REASONS.items() if ((reasons & bit) != 0).any()}
+    sm, sm_max = mean("sm_clock_mhz"), top("sm_clock_max_mhz")
+    pw, limit = mean("power_w"), top("power_limit_w")
+    used = float(pd.to_numeric(samples["mem_used_mb"], errors="coerce").max()) if "mem_used_mb" in samples else None
+    total = top("mem_total_mb")
+    return {
+        "samples": int(len(samples)), "busy_samples": int(len(w)),
+        "in_window_samples": int(samples["in_window"].sum()) if "in_window" in samples else None,
+        "util_gpu_pct_mean": mean("util_gpu_pct"),
+        "sm_clock_mhz_mean": sm, "sm_clock_mhz_max": sm_max,
+        "sm_clock_pct_of_max": 100.0 * sm / sm_max if sm and sm_max else None,
+        "power_w_mean": pw, "power_limit_w": limit, "power_pct_of_limit": 100.0 * pw / limit if pw and limit else None,
+        "mem_used_mb_max": used, "mem_total_mb": total,
+        "mem_used_pct_max": 100.0 * used / total if used and total else None,
+        "temp_c_max": top("temp_c"),
+        "gpm_sm_util_pct_mean": mean("gpm_sm_util_pct"), "gpm_tensor_util_pct_mean": mean("gpm_tensor_util_pct"),
+        "gpm_dram_bw_util_pct_mean": mean("gpm_dram_bw_util_pct"),
+        "clock_event_reasons": seen,
+    }
