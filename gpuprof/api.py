@@ -234,6 +234,48 @@ class Analysis:
             "warnings": self.warnings,
         }
 
+    def detail(self, max_nvml_points: int = 4000) -> dict[str, Any]:
+        """Plain data the HTML report draws beyond the JSON document: per-step time by class,
+        the GPU's roofs, NVML series (down-sampled to ``max_nvml_points`` rows) and run facts."""
+        steps = self.steps
+        cols = [c for c in steps.columns if c.endswith("_us") and c != "time_us"]
+        per_step = [{"rank": int(r["rank"]), "step": int(r["step"]), "time_ms": float(r["time"]) / 1000.0,
+                     **{c[:-3]: float(r[c]) / 1000.0 for c in cols if pd.notna(r[c])}}
+                    for r in steps.to_dict("records") if pd.notna(r.get("time_us"))]
+        roofs = {}
+        if self.spec is not None:
+            roofs = {"hbm_gbps": self.spec.hbm_gbps, "peaks_tflops": dict(self.spec.peaks_tflops)}
+        nv = self.nvml
+        series: list[dict[str, Any]] = []
+        if len(nv):
+            keep = nv.iloc[:: max(1, len(nv) // max_nvml_points)]
+            t0 = int(nv["ts_ns"].min())
+            series = [{k: (None if pd.isna(v) else (float(v) if k != "in_window" else bool(v)))
+                       for k, v in row.items() if k in ("gpu", "rank", "util_gpu_pct", "sm_clock_mhz", "power_w",
+                                                          "mem_used_mb", "clock_event_reasons", "in_window",
+                                                          "gpm_tensor_util_pct", "sm_clock_max_mhz", "power_limit_w")}
+                      | {"t_s": (int(row["ts_ns"]) - t0) / 1e9} for row in keep.to_dict("records")]
+        run: dict[str, Any] = {}
+        for p in {Path(r.trace.meta.path).parent.parent for r in self.ranks}:
+            m = p / "manifest.json"
+            if m.is_file():
+                try:
+                    doc = json.loads(m.read_text())
+                    run = {k: doc.get(k) for k in ("command", "torch", "cuda", "host", "exit_code", "world_size")}
+                except (OSError, ValueError):
+                    pass
+        return _clean({"per_step": per_step, "roofs": roofs, "nvml_series": series, "run": run})
+
+    def to_html(self, path: str | Path | None = None) -> str:
+        """The offline HTML report; written to ``path`` when given (which must not exist)."""
+        from gpuprof.reports.html import render_html
+
+        text = render_html(self.to_dict(), self.detail())
+        if path is not None:
+            with open(path, "x", encoding="utf-8") as f:
+                f.write(text)
+        return text
+
     def to_json(self, indent: int | None = 1) -> str:
         from gpuprof.reports.json_report import render_json
 

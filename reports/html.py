@@ -1,0 +1,145 @@
+"""The HTML report: one self-contained offline file a user reads first.
+
+It formats the JSON document (``Analysis.to_dict()``) and the plain detail data
+(``Analysis.detail()``) and computes nothing new. plotly.js is embedded once; there are no
+network fetches. Everything that comes from traces (kernel, op and annotation names, commands)
+is escaped by jinja2's autoescaping in HTML, escaped for plotly's pseudo-HTML in chart labels,
+and embedded JSON has ``<``, ``>`` and ``&`` written as ``\\u003c`` etc., so ``</script>`` in a
+name cannot end a script block.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+CLASS_COLORS = {"compute": "#2b6cb0", "memory": "#dd6b20", "latency": "#d69e2e", "unknown": "#a0aec0",
+                "memcpy": "#805ad5", "communication": "#e53e3e", "idle": "#e2e8f0"}
+BOUND_COLORS = {"compute": "#2b6cb0", "memory": "#dd6b20", "latency": "#d69e2e", "unknown": "#a0aec0"}
+THROTTLE = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
+
+_ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).with_name("templates")),
+                          autoescape=True, trim_blocks=True, lstrip_blocks=True)
+
+
+def script_json(obj: Any) -> str:
+    """JSON safe inside a <script> element: no '<', '>' or '&' survive literally."""
+    text = json.dumps(obj, allow_nan=False, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _label(s: Any, width: int = 90) -> str:
+    """Text for plotly labels, which interpret a subset of HTML: escaped, shortened."""
+    t = str(s)
+    return html.escape(t if len(t) <= width else t[: width - 1] + "…")
+
+
+def _breakdown_figure(per_step: list[dict[str, Any]]) -> dict[str, Any]:
+    names = [f"rank {p['rank']} · step {p['step']}" for p in per_step]
+    traces = [{"type": "bar", "orientation": "h", "name": c, "y": names, "x": [p.get(c, 0.0) for p in per_step],
+               "marker": {"color": color}, "hovertemplate": f"{c}: %{{x:.2f}} ms<extra></extra>"}
+              for c, color in CLASS_COLORS.items()]
+    return {"data": traces, "layout": {"barmode": "stack", "height": 120 + 28 * len(names),
+                                       "xaxis": {"title": {"text": "ms"}}, "margin": {"l": 140, "r": 20, "t": 10, "b": 40},
+                                       "legend": {"orientation": "h"}}}
+
+
+def _roofline_figure(kernels: list[dict[str, Any]], roofs: dict[str, Any]) -> dict[str, Any]:
+    pts = [k for k in kernels if k.get("flops") and k.get("bytes") and k.get("achieved_tflops")]
+    data: list[dict[str, Any]] = []
+    if roofs and pts:
+        ai = [k["flops"] / k["bytes"] for k in pts]
+        lo, hi = max(min(ai) / 4, 1e-3), max(ai) * 4
+        xs = [10 ** (math.log10(lo) + i * (math.log10(hi) - math.log10(lo)) / 60) for i in range(61)]
+        bw = roofs["hbm_gbps"] * 1e9
+        for dtype in ("fp32", "tf32", "bf16", "fp8"):
+            peak = roofs["peaks_tflops"].get(dtype)
+            if peak:
+                data.append({"type": "scatter", "mode": "lines", "name": f"{dtype} roof", "x": xs,
+                             "y": [min(peak, x * bw / 1e12) for x in xs], "line": {"width": 1, "dash": "dot"},
+                             "hoverinfo": "skip"})
+    total = max((k["total_us"] for k in pts), default=1.0)
+    for bound, color in BOUND_COLORS.items():
+        sel = [k for k in pts if k["bound"] == bound]
+        if not sel:
+            continue
+        data.append({
+            "type": "scatter", "mode": "markers", "name": bound,
+            "x": [k["flops"] / k["bytes"] for k in sel], "y": [k["achieved_tflops"] for k in sel],
+            "marker": {"color": color, "size": [6 + 30 * math.sqrt(k["total_us"] / total) for k in sel], "opacity": 0.75},
+            "text": [f"{_label(k['name'])}<br>{k['count']} × · {k['total_us'] / 1000:.2f} ms · "
+                     f"{k['achieved_tflops']:.1f} TFLOP/s · {k['achieved_gbps'] or 0:.0f} GB/s<br>"
+                     f"{_label(k.get('op') or '')} · {k.get('math_dtype') or ''} · {k['roofline_pct'] or 0:.0f}% of roofline"
+                     for k in sel],
+            "hovertemplate": "%{text}<extra></extra>",
+        })
+    return {"data": data, "layout": {"height": 460, "margin": {"l": 60, "r": 20, "t": 10, "b": 50},
+                                     "xaxis": {"type": "log", "title": {"text": "arithmetic intensity (FLOP/byte)"}},
+                                     "yaxis": {"type": "log", "title": {"text": "achieved TFLOP/s"}}}}
+
+
+def _nvml_figures(series: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    if not series:
+        return []
+    figs = []
+    gpus = sorted({s["gpu"] for s in series if s.get("gpu") is not None})
+    held = [s for s in series if int(s.get("clock_event_reasons") or 0) & THROTTLE]
+    shapes = [{"type": "rect", "xref": "x", "yref": "paper", "x0": s["t_s"] - 0.025, "x1": s["t_s"] + 0.025,
+               "y0": 0, "y1": 1, "fillcolor": "#fed7d7", "opacity": 0.5, "line": {"width": 0}, "layer": "below"}
+              for s in held[:2000]]
+    window = [s["t_s"] for s in series if s.get("in_window")]
+    if window:
+        shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": min(window), "x1": max(window), "y0": 0,
+                       "y1": 1, "fillcolor": "#c6f6d5", "opacity": 0.5, "line": {"width": 0}, "layer": "below"})
+    for metric, unit in (("util_gpu_pct", "%"), ("sm_clock_mhz", "MHz"), ("power_w", "W"), ("mem_used_mb", "MB")):
+        data = [{"type": "scatter", "mode": "lines", "name": f"GPU {g}",
+                 "x": [s["t_s"] for s in series if s.get("gpu") == g],
+                 "y": [s.get(metric) for s in series if s.get("gpu") == g]} for g in gpus]
+        figs.append({"title": f"{metric.replace('_', ' ')} ({unit})", "figure": {
+            "data": data, "layout": {"height": 200, "shapes": shapes, "showlegend": len(gpus) > 1,
+                                     "margin": {"l": 60, "r": 20, "t": 10, "b": 35},
+                                     "xaxis": {"title": {"text": "s since recording began"}}}}})
+    return figs
+
+
+def _ranks_figure(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    ranks = [f"rank {r['rank']}" for r in per_rank]
+    return {"data": [
+        {"type": "bar", "name": "step time (ms)", "x": ranks, "y": [r["step_time_ms"] for r in per_rank]},
+        {"type": "bar", "name": "exposed communication (% of step)", "x": ranks,
+         "y": [r["communication_pct"] for r in per_rank], "yaxis": "y2"}],
+        "layout": {"height": 300, "barmode": "group", "margin": {"l": 60, "r": 60, "t": 10, "b": 40},
+                   "yaxis": {"title": {"text": "ms"}},
+                   "yaxis2": {"title": {"text": "%"}, "overlaying": "y", "side": "right"}}}
+
+
+def render_html(doc: dict[str, Any], detail: dict[str, Any]) -> str:
+    import plotly.offline
+
+    summary = doc["summary"]
+    step = summary.get("unprofiled_step_time_ms") or summary["step_time_ms"]
+    findings = []
+    for f in doc["findings"]:
+        left = step - f["estimated_savings_ms"]
+        speedup = step / left if left > 0 else None
+        findings.append({**f, "throughput_gain_pct": 100 * (speedup - 1) if speedup else None,
+                         "evidence_json": json.dumps(f["evidence"], indent=1, default=str)})
+    charts: dict[str, Any] = {"breakdown": _breakdown_figure(detail["per_step"]),
+                              "roofline": _roofline_figure(doc["kernels"], detail["roofs"])}
+    nvml = _nvml_figures(detail["nvml_series"])
+    for i, n in enumerate(nvml):
+        charts[f"nvml{i}"] = n["figure"]
+    if summary.get("per_rank"):
+        charts["ranks"] = _ranks_figure(summary["per_rank"])
+    return _ENV.get_template("report.html.j2").render(
+        doc=doc, s=summary, step_ms=step, findings=findings, kernels=doc["kernels"][:300],
+        more_kernels=max(0, len(doc["kernels"]) - 300), nvml=[{"id": f"nvml{i}", "title": n["title"]} for i, n in
+                                                              enumerate(nvml)],
+        run=detail.get("run") or {}, charts_json=script_json(charts),
+        plotly_js=plotly.offline.get_plotlyjs(), classes=CLASS_COLORS,
+    )
