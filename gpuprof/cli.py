@@ -25,6 +25,16 @@ def _color() -> bool:
     return sys.stdout.isatty() and "NO_COLOR" not in os.environ
 
 
+def _fresh_path(path: Path) -> Path:
+    """``path``, or ``stem-N.suffix`` for the first N that does not exist yet."""
+    n = 1
+    candidate = path
+    while candidate.exists():
+        candidate = path.with_name(f"{path.stem}-{n}{path.suffix}")
+        n += 1
+    return candidate
+
+
 def _write_new(path: Path, text: str, force: bool) -> None:
     """Write a report without ever replacing an existing file unless --force."""
     if path.exists() and not force:
@@ -53,9 +63,11 @@ def main() -> None:
 
 @main.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
-              help="text: a terminal summary; json: the full machine-readable report (schema_version 1).")
-@click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the report here instead of stdout.")
+@click.option("--format", "fmt", type=click.Choice(["html", "text", "json"]), default="html", show_default=True,
+              help="html: one offline page (and a terminal summary); text: the terminal summary only; "
+                   "json: the full machine-readable report (schema_version 1).")
+@click.option("-o", "--output", type=click.Path(path_type=Path),
+              help="Write the report here (html default: a new gpuprof-report[-N].html; text/json: stdout).")
 @click.option("--force", is_flag=True, help="Replace the -o file if it exists.")
 @click.option("--gpu", help="Analyse against this GPU's datasheet peaks (e.g. H100-SXM, A100-SXM4-80GB).")
 @click.option("--gpu-spec", type=click.Path(path_type=Path), help="A spec file (from `gpuprof calibrate`).")
@@ -69,8 +81,16 @@ def report(paths: tuple[Path, ...], fmt: str, output: Path | None, force: bool, 
     per-rank traces, or run folders written by `gpuprof record`.
     """
     try:
+        if sys.stderr.isatty():
+            click.echo(f"gpuprof: analysing {len(paths)} path(s)…", err=True)
         analysis = gpuprof.analyze(list(paths), gpu=gpu, gpu_spec=str(gpu_spec) if gpu_spec else None,
                                    step_ms=step_ms)
+        if fmt == "html":
+            target = output or _fresh_path(Path("gpuprof-report.html"))
+            _write_new(target, analysis.to_html(), force)
+            click.echo(analysis.to_text(color=_color()), nl=False)
+            click.echo(f"wrote {target}", err=True)
+            return
         text = analysis.to_json() if fmt == "json" else analysis.to_text(color=_color() and output is None)
         if output is None:
             click.echo(text, nl=False)

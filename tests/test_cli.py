@@ -28,7 +28,7 @@ def test_help_and_version() -> None:
 
 
 def test_text_report() -> None:
-    r = gpuprof("report", str(SAMPLES / "gpt_fp32.json.gz"))
+    r = gpuprof("report", str(SAMPLES / "gpt_fp32.json.gz"), "--format", "text")
     assert r.returncode == 0, r.stderr
     assert "step time 50." in r.stdout and "MFU" in r.stdout and "cutlass_80_simt_sgemm" in r.stdout
     assert "\x1b[" not in r.stdout  # NO_COLOR and not a TTY
@@ -94,5 +94,13 @@ def test_terminal_output_neutralises_control_characters(tmp_path: Path) -> None:
     b.annotation("ProfilerStep#1", 0, 100)
     ext = b.op("aten::mm", 1, 5, [[64, 64], [64, 64]], ["float", "float"])
     b.launch("evil\x1b[2J\x1b]0;pwned\x07kernel", 2, 10, 5.0, ext)
-    r = gpuprof("report", str(b.write(tmp_path / "t.json")))
+    r = gpuprof("report", str(b.write(tmp_path / "t.json")), "--format", "text")
     assert r.returncode == 0 and "\x1b" not in r.stdout and "evil?[2J" in r.stdout
+
+
+def test_html_is_the_default_and_never_overwrites(tmp_path: Path) -> None:
+    for expected in ("gpuprof-report.html", "gpuprof-report-1.html"):
+        r = gpuprof("report", str(SAMPLES / "gpt_fp32.json.gz"), cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert (tmp_path / expected).is_file() and f"wrote {expected}" in r.stderr
+        assert "What to fix first" in r.stdout  # the terminal summary comes too
