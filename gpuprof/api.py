@@ -172,6 +172,9 @@ class Analysis:
             "mfu_basis": s[0].mfu_basis,
             "cost_model_coverage_pct": float(np.mean([x.coverage_pct for x in s])),
             "unprofiled_step_time_ms": self.ranks[0].unprofiled_step_ms,
+            "mfu_unprofiled_pct": (float(np.mean(mfus)) * float(np.mean([x.step_time_ms for x in s]))
+                                   / self.ranks[0].unprofiled_step_ms
+                                   if mfus and self.ranks[0].unprofiled_step_ms else None),
             "gpu_kernel_time_ms": float(np.mean([100.0 - x.breakdown_pct["idle"] for x in s]) / 100.0
                                         * np.mean([x.step_time_ms for x in s])),
         }

@@ -57,6 +57,7 @@ def main() -> None:
     Commands:
       record     profile an unchanged program into a run folder (traces, NVML samples, manifest)
       report     analyse Kineto traces (a file, a folder of rank traces, or a run folder)
+      diff       compare two runs: step time, MFU, time by class, findings, kernels
       calibrate  measure this GPU's real matmul and memory ceilings into a spec file
     """
 
@@ -150,6 +151,47 @@ def record(out: Path | None, schedule: tuple[int, int, int, int], skip_steps: in
     except GpuprofError as e:
         _fail(e)
     sys.exit(code)
+
+
+@main.command()
+@click.argument("before", type=click.Path(path_type=Path))
+@click.argument("after", type=click.Path(path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]), default="text", show_default=True)
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Write here instead of stdout (html: required).")
+@click.option("--force", is_flag=True, help="Replace the -o file if it exists.")
+@click.option("--gpu", help="Analyse both against this GPU's datasheet peaks.")
+@click.option("--step-ms-before", type=float, help="BEFORE's step time without the profiler.")
+@click.option("--step-ms-after", type=float, help="AFTER's step time without the profiler.")
+def diff(before: Path, after: Path, fmt: str, output: Path | None, force: bool, gpu: str | None,
+         step_ms_before: float | None, step_ms_after: float | None) -> None:
+    """Compare two runs or traces: step time, MFU, time by class, findings and top kernels.
+
+    BEFORE and AFTER are anything `gpuprof report` reads. Use it after applying a recommendation.
+    """
+    from gpuprof.compare import compare
+    from gpuprof.reports.diff import render_diff_html, render_diff_text
+
+    try:
+        a = gpuprof.analyze(before, gpu=gpu, step_ms=step_ms_before).to_dict()
+        b = gpuprof.analyze(after, gpu=gpu, step_ms=step_ms_after).to_dict()
+        doc = compare(a, b)
+        if fmt == "json":
+            from gpuprof.reports.json_report import render_json
+
+            text = render_json(doc)
+        elif fmt == "html":
+            text = render_diff_html(doc)
+            if output is None:
+                output = _fresh_path(Path("gpuprof-diff.html"))
+        else:
+            text = render_diff_text(doc)
+        if output is None:
+            click.echo(text, nl=False)
+        else:
+            _write_new(output, text, force)
+            click.echo(f"wrote {output}", err=True)
+    except GpuprofError as e:
+        _fail(e)
 
 
 @main.command()

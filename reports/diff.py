@@ -1,0 +1,48 @@
+"""Renderers of the ``gpuprof diff`` document: terminal text and one offline HTML page."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from gpuprof.reports.html import _ENV, script_json
+from gpuprof.reports.text import _safe
+
+
+def _fmt(d: dict[str, Any], unit: str) -> str:
+    if d["before"] is None or d["after"] is None:
+        return "n/a"
+    pct = f" ({d['change_pct']:+.1f}%)" if d.get("change_pct") is not None else ""
+    return f"{d['before']:.2f} → {d['after']:.2f} {unit}{pct}"
+
+
+def render_diff_text(doc: dict[str, Any]) -> str:
+    lines = [f"before: {_safe(', '.join(doc['before']['paths']))}", f"after:  {_safe(', '.join(doc['after']['paths']))}",
+             f"step time (trace)       {_fmt(doc['step_time_ms'], 'ms')}",
+             f"step time (no profiler) {_fmt(doc['unprofiled_step_time_ms'], 'ms')}",
+             f"MFU (trace)             {_fmt(doc['mfu_pct'], '%')}",
+             f"MFU (no profiler)       {_fmt(doc['mfu_unprofiled_pct'], '%')}",
+             f"GPU busy                {_fmt(doc['gpu_busy_pct'], '%')}", "", "time by class (ms per step)"]
+    for c, d in doc["breakdown_ms"].items():
+        if (d["before"] or 0) > 0.005 or (d["after"] or 0) > 0.005:
+            lines.append(f"  {c:14s} {_fmt(d, 'ms')}")
+    lines += ["", "estimated savings by finding category (ms per step)"]
+    for c, d in doc["findings_saving_ms"].items():
+        lines.append(f"  {c:22s} {d['before']:.2f} → {d['after']:.2f}")
+    lines += ["", "kernels that changed most (ms per step)"]
+    for k in doc["kernels_ms_per_step"]:
+        lines.append(f"  {k['change']:+9.3f}  {k['before']:8.3f} → {k['after']:8.3f}  {_safe(k['name'], 80)}")
+    return "\n".join(lines) + "\n"
+
+
+def render_diff_html(doc: dict[str, Any]) -> str:
+    import plotly.offline
+
+    classes = [c for c, d in doc["breakdown_ms"].items() if (d["before"] or 0) + (d["after"] or 0) > 0]
+    chart = {"data": [{"type": "bar", "name": side, "x": classes,
+                       "y": [doc["breakdown_ms"][c][side] for c in classes]} for side in ("before", "after")],
+             "layout": {"barmode": "group", "height": 320, "yaxis": {"title": {"text": "ms per step"}},
+                        "margin": {"l": 60, "r": 20, "t": 10, "b": 40}}}
+    kernels = [{**k, "label": html.escape(k["name"])} for k in doc["kernels_ms_per_step"]]
+    return _ENV.get_template("diff.html.j2").render(doc=doc, kernels=kernels, chart_json=script_json({"classes": chart}),
+                                                  plotly_js=plotly.offline.get_plotlyjs(), fmt=_fmt)
