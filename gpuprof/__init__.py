@@ -12,6 +12,34 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+
+def _alias_source_checkout() -> None:
+    """In a source checkout that is not installed (e.g. PYTHONPATH=. on a GPU box), ``analyzers/``
+    and ``reports/`` sit beside this package: import them as ``gpuprof.analyzers`` and
+    ``gpuprof.reports``, as an install maps them. Appended last, so an install always wins."""
+    import importlib.abc
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    homes = {f"gpuprof.{n}": root / n for n in ("analyzers", "reports") if (root / n / "__init__.py").is_file()}
+    if not homes:
+        return
+
+    class _Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, name: str, path: object = None, target: object = None) -> object:
+            home = homes.get(name)
+            if home is None:
+                return None
+            return importlib.util.spec_from_file_location(name, home / "__init__.py",
+                                                          submodule_search_locations=[str(home)])
+
+    sys.meta_path.append(_Finder())
+
+
+_alias_source_checkout()
+
 __all__ = ["Analysis", "Finding", "GpuprofError", "__version__", "analyze", "step"]
 
 if TYPE_CHECKING:

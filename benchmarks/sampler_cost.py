@@ -1,0 +1,32 @@
+"""CPU cost of the NVML sampler on this machine (run on a GPU machine): total thread CPU per
+sample, and how much of it is the NVML reads versus waking up."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from gpuprof.record.nvml import Sampler, load_nvml
+
+seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 5.0
+nv = load_nvml()
+with tempfile.TemporaryDirectory() as d:
+    s = Sampler(Path(d) / "n.csv", hz=20.0, nvml=nv)
+    s.start()
+    time.sleep(seconds)
+    s.stop()
+    print(f"sampler thread: {s.samples} samples, {100 * s.cpu_seconds / seconds:.3f}% of one core, "
+          f"{s.cpu_seconds / s.samples * 1e6:.1f} us CPU per sample; off: {s.off}")
+    t = time.thread_time()
+    for _ in range(200):
+        s.sample_once()
+    print(f"sample_once alone: {(time.thread_time() - t) / 200 * 1e6:.1f} us CPU")
+    import threading
+
+    ev = threading.Event()
+    t = time.thread_time()
+    for _ in range(100):
+        ev.wait(0.01)
+    print(f"Event.wait(10 ms): {(time.thread_time() - t) / 100 * 1e6:.1f} us CPU per wake-up")
