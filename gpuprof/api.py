@@ -137,10 +137,12 @@ class Analysis:
             modelled=modelled,
         )
         g = k.groupby("name", sort=False)
+        first_op = g["op"].first()
         t = g.agg(count=("dur", "size"), total_us=("dur", "sum"), m_dur=("m_dur", "sum"), flops=("m_flops", "sum"),
                   bytes=("m_bytes", "sum"), m_roof=("m_roof", "sum"), any_model=("modelled", "any"),
                   kernel_engine=("engine", "first"), math_dtype=("math_dtype", "first"), op=("op_name", "first"))
         t = t.rename(columns={"kernel_engine": "engine"})
+        t["shapes"] = self._shapes(k, first_op).reindex(t.index)
         bound_time = k.groupby(["name", k["bound"].astype(str)])["dur"].sum().unstack(fill_value=0.0)
         t["bound"] = bound_time.idxmax(axis=1).reindex(t.index)
         has = t["any_model"] & (t["m_dur"] > 0)
@@ -152,7 +154,19 @@ class Analysis:
         t["bytes"] = t["bytes"].where(t["any_model"])
         t = t.reset_index().sort_values("total_us", ascending=False, kind="stable").reset_index(drop=True)
         return t[["name", "count", "total_us", "flops", "bytes", "achieved_tflops", "achieved_gbps", "bound",
-                  "roofline_pct", "engine", "math_dtype", "op"]]
+                  "roofline_pct", "engine", "math_dtype", "op", "shapes"]]
+
+    def _shapes(self, k: pd.DataFrame, first_op: pd.Series) -> pd.Series:
+        """Input shapes of the op that launched each kernel name's first instance (JSON text)."""
+        out = {}
+        by_rank = {r.trace.meta.rank: r.trace.ops for r in self.ranks}
+        rank_of = k.groupby("name", sort=False)["rank"].first()
+        for name, row in first_op.items():
+            ops = by_rank.get(int(rank_of[name]))
+            if ops is not None and row >= 0:
+                dims = ops.at[int(row), "input_dims"]
+                out[name] = dims.decode("utf-8", "replace") if isinstance(dims, bytes) else dims
+        return pd.Series(out, dtype=object)
 
     # --- summary ---------------------------------------------------------------------------
     @property
@@ -206,7 +220,8 @@ class Analysis:
              "bytes": _f(r.bytes), "achieved_tflops": _f(r.achieved_tflops), "achieved_gbps": _f(r.achieved_gbps),
              "bound": str(r.bound), "roofline_pct": _f(r.roofline_pct), "engine": r.engine or None,
              "math_dtype": r.math_dtype if isinstance(r.math_dtype, str) else None,
-             "op": r.op if isinstance(r.op, str) else None}
+             "op": r.op if isinstance(r.op, str) else None,
+             "shapes": r.shapes if isinstance(r.shapes, str) else None}
             for r in table.itertuples()
         ]
         summary = self.summary

@@ -74,7 +74,8 @@ def _roofline_figure(kernels: list[dict[str, Any]], roofs: dict[str, Any]) -> di
             "marker": {"color": color, "size": [6 + 30 * math.sqrt(k["total_us"] / total) for k in sel], "opacity": 0.75},
             "text": [f"{_label(k['name'])}<br>{k['count']} × · {k['total_us'] / 1000:.2f} ms · "
                      f"{k['achieved_tflops']:.1f} TFLOP/s · {k['achieved_gbps'] or 0:.0f} GB/s<br>"
-                     f"{_label(k.get('op') or '')} · {k.get('math_dtype') or ''} · {k['roofline_pct'] or 0:.0f}% of roofline"
+                     f"{_label(k.get('op') or '')} {_label(k.get('shapes') or '', 120)}<br>"
+                     f"{k.get('math_dtype') or ''} · {k['bound']} · {k['roofline_pct'] or 0:.0f}% of roofline"
                      for k in sel],
             "hovertemplate": "%{text}<extra></extra>",
         })

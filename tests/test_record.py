@@ -51,6 +51,17 @@ for i in range(12):
 dist.destroy_process_group()
 """
 
+LOADER = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+if __name__ == "__main__":
+    ds = TensorDataset(torch.randn(512, 32), torch.randint(0, 4, (512,)))
+    dl = DataLoader(ds, batch_size=16, num_workers=2, multiprocessing_context="spawn", persistent_workers=True)
+    m = torch.nn.Linear(32, 4); opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for x, y in dl:
+        torch.nn.functional.cross_entropy(m(x), y).backward(); opt.step(); opt.zero_grad()
+"""
+
 FAST = ["--skip-steps", "2", "--timed-steps", "3", "--schedule", "1,1,2"]
 
 
@@ -146,6 +157,15 @@ def test_missing_command_and_too_short_program(tmp_path: Path) -> None:
     r = record(tmp_path, "run2", sys.executable, str(script), "3", "-1", "0", "0")
     m = manifest(tmp_path, "run2")
     assert r.returncode == 0 and not m["traces"] and any("before profiling began" in f for f in m["failures"])
+
+
+def test_dataloader_worker_processes(tmp_path: Path) -> None:
+    """Spawned DataLoader workers load the bootstrap and import torch too: they must stay silent."""
+    script = write(tmp_path, "loader.py", LOADER)
+    r = record(tmp_path, "run", sys.executable, str(script))
+    assert r.returncode == 0, r.stderr[-2000:]
+    m = manifest(tmp_path, "run")
+    assert [t["rank"] for t in m["traces"]] == [0] and len(m["ranks"]) == 1 and m["failures"] == []
 
 
 def test_torchrun_two_cpu_ranks(tmp_path: Path) -> None:
