@@ -23,7 +23,7 @@ from gpuprof.analyzers import (
     shape_alignment,
     transfers,
 )
-from gpuprof.analyzers._base import Candidate, finalize
+from gpuprof.analyzers._base import Candidate, finalize, release_views
 
 from gpuprof.findings import Finding
 
@@ -102,4 +102,7 @@ def run_analyzers(analysis: Analysis, only: Sequence[str] | None = None,
             skipped.append({"analyzer": a.name, "reason": why})
             continue
         candidates.extend(a.run(analysis))
-    return rank_findings(finalize(analysis, candidates)), skipped
+    try:
+        return rank_findings(finalize(analysis, candidates)), skipped
+    finally:
+        release_views(analysis)

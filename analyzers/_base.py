@@ -226,8 +226,21 @@ HOST_NOTE = ("host time is as traced; torch.profiler slows the host (1.5-2.2x in
              "--step-ms with the step time measured without the profiler to scale this estimate")
 
 
+_VIEWS: dict[int, tuple[Analysis, list[RankView]]] = {}
+
+
 def views(analysis: Analysis) -> list[RankView]:
-    return [RankView(r) for r in analysis.ranks]
+    """Per-rank views, built once per analysis while the analyzers run (see ``release_views``)."""
+    hit = _VIEWS.get(id(analysis))
+    if hit is not None and hit[0] is analysis:
+        return hit[1]
+    vs = [RankView(r) for r in analysis.ranks]
+    _VIEWS[id(analysis)] = (analysis, vs)
+    return vs
+
+
+def release_views(analysis: Analysis) -> None:
+    _VIEWS.pop(id(analysis), None)
 
 
 def ms(us: float) -> float:

@@ -132,7 +132,7 @@ def exposed_communication(analysis: Analysis) -> list[Candidate]:
                   "small_collectives_per_step": round(len(small) / steps[rank], 1),
                   "exposed_transfer_ms_per_step": round(ms(g["exposed_transfer"].sum()) / steps[rank], 3),
                   "communication_ms_per_step": round(ms(g["dur"].sum()) / steps[rank], 3),
-                  "kernels": top_names(g.rename(columns={"dur": "d"}).assign(dur=g["dur"]), by="dur"),
+                  "kernels": top_names(g),
                   "estimate": "exposed transfer time (waiting for other ranks excluded) less the largest "
                               "collective of each step, plus the host gaps around each collective"},
     )]

@@ -25,6 +25,15 @@ def _color() -> bool:
     return sys.stdout.isatty() and "NO_COLOR" not in os.environ
 
 
+def _emit(text: str, output: Path | None, force: bool) -> None:
+    """Print to stdout, or write a new file (never replacing one without --force)."""
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        _write_new(output, text, force)
+        click.echo(f"wrote {output}", err=True)
+
+
 def _fresh_path(path: Path) -> Path:
     """``path``, or ``stem-N.suffix`` for the first N that does not exist yet."""
     n = 1
@@ -92,12 +101,8 @@ def report(paths: tuple[Path, ...], fmt: str, output: Path | None, force: bool, 
             click.echo(analysis.to_text(color=_color()), nl=False)
             click.echo(f"wrote {target}", err=True)
             return
-        text = analysis.to_json() if fmt == "json" else analysis.to_text(color=_color() and output is None)
-        if output is None:
-            click.echo(text, nl=False)
-        else:
-            _write_new(output, text, force)
-            click.echo(f"wrote {output}", err=True)
+        _emit(analysis.to_json() if fmt == "json" else analysis.to_text(color=_color() and output is None),
+              output, force)
     except GpuprofError as e:
         _fail(e)
 
@@ -185,11 +190,7 @@ def diff(before: Path, after: Path, fmt: str, output: Path | None, force: bool, 
                 output = _fresh_path(Path("gpuprof-diff.html"))
         else:
             text = render_diff_text(doc)
-        if output is None:
-            click.echo(text, nl=False)
-        else:
-            _write_new(output, text, force)
-            click.echo(f"wrote {output}", err=True)
+        _emit(text, output, force)
     except GpuprofError as e:
         _fail(e)
 
