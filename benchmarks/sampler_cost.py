@@ -30,3 +30,28 @@ with tempfile.TemporaryDirectory() as d:
     for _ in range(100):
         ev.wait(0.01)
     print(f"Event.wait(10 ms): {(time.thread_time() - t) / 100 * 1e6:.1f} us CPU per wake-up")
+    t = time.thread_time()
+    for _ in range(100):
+        time.sleep(0.01)
+    print(f"time.sleep(10 ms): {(time.thread_time() - t) / 100 * 1e6:.1f} us CPU per wake-up")
+
+# Each query's CPU cost inside a real sample (queries in the sampler's order, 200 samples).
+h = nv.nvmlDeviceGetHandleByIndex(0)
+order = {
+    "utilization": lambda: nv.nvmlDeviceGetUtilizationRates(h),
+    "memory": lambda: nv.nvmlDeviceGetMemoryInfo(h),
+    "power": lambda: nv.nvmlDeviceGetPowerUsage(h),
+    "sm_clock": lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
+    "mem_clock": lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM),
+    "clock_event_reasons": lambda: nv.nvmlDeviceGetCurrentClocksEventReasons(h),
+    "temperature": lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
+}
+cost = {k: 0.0 for k in order}
+for _ in range(200):
+    for k, fn in order.items():
+        t = time.thread_time()
+        fn()
+        cost[k] += time.thread_time() - t
+    time.sleep(0.05)
+for k, v in cost.items():
+    print(f"  in a sample: {k:22s} {v / 200 * 1e6:8.1f} us CPU")

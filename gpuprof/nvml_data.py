@@ -36,8 +36,12 @@ def load_csv(path: Path) -> pd.DataFrame:
 
 
 def busy(w: pd.DataFrame) -> pd.DataFrame:
-    """The samples in which the GPU was working."""
-    return w[pd.to_numeric(w["util_gpu_pct"], errors="coerce") >= BUSY_PCT] if "util_gpu_pct" in w else w
+    """The samples in which the GPU was working (utilisation is read less often than clocks:
+    each sample takes the last utilisation read before it, per GPU)."""
+    if "util_gpu_pct" not in w:
+        return w
+    util = pd.to_numeric(w["util_gpu_pct"], errors="coerce").groupby(w["gpu"]).ffill()
+    return w[util >= BUSY_PCT]
 
 
 def summarize(samples: pd.DataFrame, period_s: float) -> dict[str, Any]:

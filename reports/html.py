@@ -98,7 +98,7 @@ def _nvml_figures(series: list[dict[str, Any]]) -> list[dict[str, Any]]:
         shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": min(window), "x1": max(window), "y0": 0,
                        "y1": 1, "fillcolor": "#c6f6d5", "opacity": 0.5, "line": {"width": 0}, "layer": "below"})
     for metric, unit in (("util_gpu_pct", "%"), ("sm_clock_mhz", "MHz"), ("power_w", "W"), ("mem_used_mb", "MB")):
-        data = [{"type": "scatter", "mode": "lines", "name": f"GPU {g}",
+        data = [{"type": "scatter", "mode": "lines", "name": f"GPU {g}", "connectgaps": True,
                  "x": [s["t_s"] for s in series if s.get("gpu") == g],
                  "y": [s.get(metric) for s in series if s.get("gpu") == g]} for g in gpus]
         figs.append({"title": f"{metric.replace('_', ' ')} ({unit})", "figure": {

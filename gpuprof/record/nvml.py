@@ -8,9 +8,10 @@ sm_clock_max_mhz, clock_event_reasons (bitmask: 0x1 idle, 0x4 SW power cap, 0x8 
 nvlink_tx_bytes, nvlink_rx_bytes (cumulative counters: take differences), and on Hopper and newer
 the GPM metrics gpm_sm_util_pct, gpm_sm_occupancy_pct, gpm_tensor_util_pct, gpm_dram_bw_util_pct
 (each over the interval since the previous sample). Measured on an H200 (benchmarks/nvml_cost.py):
-the basic queries take ~1 µs each, GPM ~41 µs, and the byte-counter field query ~330 µs; so GPM is
-read on every ``SLOW_EVERY``-th sample and the byte counters on every ``COUNTER_EVERY``-th (empty
-in between).
+inside a real sample, memory info costs ~90 µs of CPU and utilisation ~57 µs, the others 4-17 µs;
+GPM ~41 µs and the byte-counter field query ~330 µs. So the fast-changing power, SM clock and
+clock-event reasons are read every sample, the rest less often (see ``sample_once``); a row's
+empty cells were not read that time.
 
 Every metric is optional: one that fails once (not supported, no permission) is switched off and
 listed in ``unavailable``; the sampler never raises into the program being profiled.
@@ -137,29 +138,35 @@ class Sampler(threading.Thread):
         return out
 
     def sample_once(self) -> list[dict[str, Any]]:
+        """One row per GPU. Power, SM clock and clock-event reasons every sample; utilisation
+        (itself a ~100-170 ms average in NVML), memory, memory clock, temperature and GPM on every
+        ``SLOW_EVERY``-th; byte counters on every ``COUNTER_EVERY``-th (empty in between)."""
         nv = self.nv
         ts = self.clock()
+        slow = self.samples % SLOW_EVERY == 0
         rows = []
         for d, h in self.handles.items():
-            util = self._try("utilization", lambda: nv.nvmlDeviceGetUtilizationRates(h))
-            mem = self._try("memory", lambda: nv.nvmlDeviceGetMemoryInfo(h))
-            row = {
+            row: dict[str, Any] = {
                 "ts_ns": ts, "gpu": d,
-                "util_gpu_pct": util.gpu if util else None, "util_mem_pct": util.memory if util else None,
-                "mem_used_mb": mem.used / 2**20 if mem else None,
                 "power_w": (lambda p: p / 1000.0 if p is not None else None)(
                     self._try("power", lambda: nv.nvmlDeviceGetPowerUsage(h))),
                 "sm_clock_mhz": self._try("sm_clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
-                "mem_clock_mhz": self._try("mem_clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)),
                 "clock_event_reasons": self._try("clock_event_reasons",
                                                  lambda: int(nv.nvmlDeviceGetCurrentClocksEventReasons(h))),
-                "temp_c": self._try("temperature", lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
                 **self._static[d],
             }
+            if slow:
+                util = self._try("utilization", lambda: nv.nvmlDeviceGetUtilizationRates(h))
+                mem = self._try("memory", lambda: nv.nvmlDeviceGetMemoryInfo(h))
+                row.update({
+                    "util_gpu_pct": util.gpu if util else None, "util_mem_pct": util.memory if util else None,
+                    "mem_used_mb": mem.used / 2**20 if mem else None,
+                    "mem_clock_mhz": self._try("mem_clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)),
+                    "temp_c": self._try("temperature", lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
+                })
+                row.update(self._gpm_values(d, h))
             if self.samples % COUNTER_EVERY == 0:
                 row.update(self._fields(h))
-            if self.samples % SLOW_EVERY == 0:
-                row.update(self._gpm_values(d, h))
             rows.append(row)
         self.samples += 1
         return rows
@@ -180,7 +187,7 @@ class Sampler(threading.Thread):
                 if self.samples % 20 == 0:
                     f.flush()
                 nxt += self.period
-                self._stop_event.wait(max(0.0, nxt - time.monotonic()))
+                time.sleep(max(0.0, nxt - time.monotonic()))  # cheaper wake-ups than Event.wait here
         self.cpu_seconds = time.thread_time() - t_cpu
 
     def stop(self) -> None:
