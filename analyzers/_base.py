@@ -302,6 +302,21 @@ def finalize(analysis: Analysis, candidates: list[Candidate]) -> list[Finding]:
     return out
 
 
+def parsed_column(ops: pd.DataFrame, column: str, rows: Iterable[int]) -> dict[int, Any]:
+    """``column`` of the given op rows, parsed from the recorded JSON, once per distinct value."""
+    from gpuprof.trace.load import parse_arg
+
+    values = ops[column].to_numpy()
+    seen: dict[Any, Any] = {}
+    out = {}
+    for r in rows:
+        raw = values[int(r)]
+        if raw not in seen:
+            seen[raw] = parse_arg(raw)
+        out[int(r)] = seen[raw]
+    return out
+
+
 def top_names(k: pd.DataFrame, n: int = 5, by: str = "dur") -> list[dict[str, Any]]:
     """The heaviest kernel names in ``k``: name, count, total µs (evidence rows)."""
     g = k.groupby(k["name"].astype(str))[by].agg(["size", "sum"]).sort_values("sum", ascending=False).head(n)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from gpuprof.analyzers._base import Candidate, ms, top_names, views
+from gpuprof.analyzers._base import Candidate, ms, parsed_column, top_names, views
 
 from gpuprof.costmodel import gemm_mnk
 from gpuprof.trace.load import parse_arg
@@ -42,7 +42,8 @@ def run(analysis: Analysis) -> list[Candidate]:
         if g.empty:
             continue
         op_rows = g["op"].unique()
-        shapes = {int(r): gemm_mnk(str(ops.at[r, "name"]), parse_arg(ops.at[r, "input_dims"])) for r in op_rows}
+        names = ops["name"].to_numpy()
+        shapes = {r: gemm_mnk(str(names[r]), d) for r, d in parsed_column(ops, "input_dims", op_rows).items()}
         vocab = _vocab_sizes(ops)
         mis_rows, dims_seen = [], {}
         for row, kr in zip(g.index, g.itertuples()):

@@ -17,10 +17,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-from gpuprof.analyzers._base import Candidate, ms, top_names, views
+from gpuprof.analyzers._base import Candidate, ms, parsed_column, top_names, views
 
 from gpuprof.costmodel import gemm_mnk
-from gpuprof.trace.load import parse_arg
 
 if TYPE_CHECKING:
     from gpuprof.api import Analysis
@@ -78,8 +77,8 @@ def memory_bound_decode(analysis: Analysis) -> list[Candidate]:
         g = v.kernels[(v.kernels["family"] == "gemm") & np.isfinite(v.kernels["t_roof_us"])]
         if g.empty:
             continue
-        rows = {int(r): gemm_mnk(str(ops.at[int(r), "name"]), parse_arg(ops.at[int(r), "input_dims"]))
-                for r in g["op"].unique()}
+        names = ops["name"].to_numpy()
+        rows = {r: gemm_mnk(str(names[r]), d) for r, d in parsed_column(ops, "input_dims", g["op"].unique()).items()}
         m_of = {r: mnk[1] for r, mnk in rows.items() if mnk}
         m_rows = g["op"].map(m_of).fillna(10**9)
         gemv = g[(m_rows <= GEMV_ROWS) & g["bound"].isin(["memory", "latency"])]

@@ -325,13 +325,30 @@ def _clean(d: Any) -> Any:
     return d
 
 
+def load_traces(files: Sequence[Path], cache: bool = True) -> list[RankTrace]:
+    """Load trace files, through the parse cache unless ``cache`` is False."""
+    from gpuprof.trace import cache as pcache
+
+    out = []
+    for i, f in enumerate(files):
+        key = pcache.content_key(f) if cache and f.is_file() else None
+        t = pcache.load(f, key) if key else None
+        if t is None:
+            t = load_trace(f, fallback_rank=i)
+            if key:
+                pcache.store(t, key)
+        out.append(t)
+    return out
+
+
 def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gpu_spec: str | None = None,
-            analyzers: Sequence[str] | None = None, step_ms: float | None = None) -> Analysis:
+            analyzers: Sequence[str] | None = None, step_ms: float | None = None, cache: bool = True) -> Analysis:
     """Load and analyse traces. ``gpu`` overrides the trace's device name (e.g. ``"H100-SXM"``);
     ``gpu_spec`` is a spec file (``gpuprof calibrate`` output); ``analyzers`` restricts which run;
     ``step_ms`` is the step time measured *without* the profiler (from training logs), which
     corrects host-side estimates for the profiler's own host overhead. A run folder from
-    ``gpuprof record`` carries it in its manifest (``unprofiled_step_ms``)."""
+    ``gpuprof record`` carries it in its manifest (``unprofiled_step_ms``). ``cache`` reads and
+    writes the parse cache (:mod:`gpuprof.trace.cache`)."""
     from gpuprof.analyzers import run_analyzers
 
     seq = [paths] if isinstance(paths, (str, Path)) else list(paths)
@@ -340,7 +357,7 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
     if step_ms is not None and not step_ms > 0:
         raise GpuprofError(f"--step-ms must be a positive number of milliseconds, got {step_ms}")
     files = find_traces(seq)
-    traces = [load_trace(f, fallback_rank=i) for i, f in enumerate(files)]
+    traces = load_traces(files, cache=cache)
     ranks = [t.meta.rank for t in traces]
     if len(set(ranks)) != len(ranks):  # e.g. several single-GPU traces: keep them apart by order
         traces = [t if i == 0 else _with_rank(t, i) for i, t in enumerate(traces)]

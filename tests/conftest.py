@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+# The suite's own parse cache, so tests never write into the user's ~/.cache (subprocesses inherit it).
+os.environ["GPUPROF_CACHE_DIR"] = tempfile.mkdtemp(prefix="gpuprof-test-cache-")
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_traces" / "h200"

@@ -1,0 +1,66 @@
+"""The parse cache: same frames as a fresh parse, and a bad entry is rebuilt, never trusted."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from gpuprof.api import load_traces
+from gpuprof.trace import cache
+from tests.conftest import SAMPLES
+
+
+@pytest.fixture
+def trace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("GPUPROF_CACHE_DIR", str(tmp_path / "cache"))
+    p = tmp_path / "t.json.gz"
+    shutil.copy(SAMPLES / "gpt_manual_attn.json.gz", p)
+    return p
+
+
+def _entry(p: Path) -> Path:
+    return cache.cache_dir() / cache.content_key(p)
+
+
+def test_cached_frames_equal_a_fresh_parse(trace: Path) -> None:
+    fresh = load_traces([trace], cache=False)[0]
+    assert not _entry(trace).exists()
+    load_traces([trace])  # writes the entry
+    assert (_entry(trace) / "meta.json").is_file()
+    cached = load_traces([trace])[0]
+    assert cached.meta == fresh.meta
+    for name in cache.FRAMES:
+        a, b = getattr(fresh, name), getattr(cached, name)
+        assert list(a.columns) == list(b.columns), name
+        pd.testing.assert_frame_equal(a.reset_index(drop=True), b.reset_index(drop=True), check_categorical=False)
+
+
+def test_corrupt_or_mismatched_entries_are_rebuilt(trace: Path) -> None:
+    load_traces([trace])
+    entry = _entry(trace)
+    (entry / "kernels.parquet").write_bytes(b"not parquet")
+    assert cache.load(trace, cache.content_key(trace)) is None and not entry.exists()  # dropped
+    load_traces([trace])
+    meta = json.loads((entry / "meta.json").read_text())
+    meta["key"] = "something else"
+    (entry / "meta.json").write_text(json.dumps(meta))
+    assert cache.load(trace, cache.content_key(trace)) is None
+    assert len(load_traces([trace])[0].kernels) > 0
+
+
+def test_key_follows_content_and_version(trace: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other.json.gz"
+    shutil.copy(trace, other)
+    assert cache.content_key(other) == cache.content_key(trace)  # same bytes, same entry
+    other.write_bytes(trace.read_bytes()[:-10] + b"0123456789")
+    assert cache.content_key(other) != cache.content_key(trace)
+    assert f"-v{cache.gpuprof.__version__}-f{cache.FORMAT}" in cache.content_key(trace)
+
+
+def test_no_cache_writes_nothing(trace: Path) -> None:
+    load_traces([trace], cache=False)
+    assert not cache.cache_dir().exists() or not any(cache.cache_dir().iterdir())
