@@ -8,6 +8,7 @@ analysis only reads what was recorded.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -325,30 +326,42 @@ def _clean(d: Any) -> Any:
     return d
 
 
-def load_traces(files: Sequence[Path], cache: bool = True) -> list[RankTrace]:
-    """Load trace files, through the parse cache unless ``cache`` is False."""
+def _load_one(path: Path, fallback_rank: int, cache: bool) -> RankTrace:
     from gpuprof.trace import cache as pcache
 
-    out = []
-    for i, f in enumerate(files):
-        key = pcache.content_key(f) if cache and f.is_file() else None
-        t = pcache.load(f, key) if key else None
-        if t is None:
-            t = load_trace(f, fallback_rank=i)
-            if key:
-                pcache.store(t, key)
-        out.append(t)
-    return out
+    key = pcache.content_key(path) if cache and path.is_file() else None
+    t = pcache.load(path, key) if key else None
+    if t is None:
+        t = load_trace(path, fallback_rank=fallback_rank)
+        if key:
+            pcache.store(t, key)
+    return t
+
+
+def load_traces(files: Sequence[Path], cache: bool = True, workers: int | None = None) -> list[RankTrace]:
+    """Load trace files through the parse cache (unless ``cache`` is False); several files are
+    parsed in parallel by up to ``workers`` local processes (default: one per CPU, at most one
+    per file; 1 parses in this process)."""
+    n = len(files)
+    workers = min(n, workers or os.cpu_count() or 1)
+    if workers <= 1:
+        return [_load_one(f, i, cache) for i, f in enumerate(files)]
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(_load_one, files, range(n), [cache] * n))
 
 
 def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gpu_spec: str | None = None,
-            analyzers: Sequence[str] | None = None, step_ms: float | None = None, cache: bool = True) -> Analysis:
+            analyzers: Sequence[str] | None = None, step_ms: float | None = None, cache: bool = True,
+            workers: int | None = None) -> Analysis:
     """Load and analyse traces. ``gpu`` overrides the trace's device name (e.g. ``"H100-SXM"``);
     ``gpu_spec`` is a spec file (``gpuprof calibrate`` output); ``analyzers`` restricts which run;
     ``step_ms`` is the step time measured *without* the profiler (from training logs), which
     corrects host-side estimates for the profiler's own host overhead. A run folder from
     ``gpuprof record`` carries it in its manifest (``unprofiled_step_ms``). ``cache`` reads and
-    writes the parse cache (:mod:`gpuprof.trace.cache`)."""
+    writes the parse cache (:mod:`gpuprof.trace.cache`); ``workers`` bounds the local processes
+    that parse several rank traces in parallel."""
     from gpuprof.analyzers import run_analyzers
 
     seq = [paths] if isinstance(paths, (str, Path)) else list(paths)
@@ -357,7 +370,7 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
     if step_ms is not None and not step_ms > 0:
         raise GpuprofError(f"--step-ms must be a positive number of milliseconds, got {step_ms}")
     files = find_traces(seq)
-    traces = load_traces(files, cache=cache)
+    traces = load_traces(files, cache=cache, workers=workers)
     ranks = [t.meta.rank for t in traces]
     if len(set(ranks)) != len(ranks):  # e.g. several single-GPU traces: keep them apart by order
         traces = [t if i == 0 else _with_rank(t, i) for i, t in enumerate(traces)]

@@ -84,8 +84,9 @@ def main() -> None:
 @click.option("--step-ms", type=float, help="Step time measured WITHOUT the profiler (e.g. from training logs); "
               "corrects host-side estimates for the profiler's own overhead.")
 @click.option("--no-cache", is_flag=True, help="Neither read nor write the parse cache ($GPUPROF_CACHE_DIR).")
+@click.option("--workers", type=click.IntRange(min=1), help="Local processes parsing rank traces (default: CPUs).")
 def report(paths: tuple[Path, ...], fmt: str, output: Path | None, force: bool, gpu: str | None,
-           gpu_spec: Path | None, step_ms: float | None, no_cache: bool) -> None:
+           gpu_spec: Path | None, step_ms: float | None, no_cache: bool, workers: int | None) -> None:
     """Analyse traces and report step time, MFU, roofline classes and findings.
 
     PATHS are Kineto trace files (.json or .json.gz, as torch.profiler writes them), folders of
@@ -95,7 +96,7 @@ def report(paths: tuple[Path, ...], fmt: str, output: Path | None, force: bool, 
         if sys.stderr.isatty():
             click.echo(f"gpuprof: analysing {len(paths)} path(s)…", err=True)
         analysis = gpuprof.analyze(list(paths), gpu=gpu, gpu_spec=str(gpu_spec) if gpu_spec else None,
-                                   step_ms=step_ms, cache=not no_cache)
+                                   step_ms=step_ms, cache=not no_cache, workers=workers)
         if fmt == "html":
             target = output or _fresh_path(Path("gpuprof-report.html"))
             _write_new(target, analysis.to_html(), force)

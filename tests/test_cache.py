@@ -64,3 +64,12 @@ def test_key_follows_content_and_version(trace: Path, tmp_path: Path) -> None:
 def test_no_cache_writes_nothing(trace: Path) -> None:
     load_traces([trace], cache=False)
     assert not cache.cache_dir().exists() or not any(cache.cache_dir().iterdir())
+
+
+def test_parallel_loading_matches_serial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUPROF_CACHE_DIR", str(tmp_path / "cache"))
+    import gpuprof
+
+    serial = gpuprof.analyze(SAMPLES / "ddp_slow_rank", workers=1, cache=False)
+    parallel = gpuprof.analyze(SAMPLES / "ddp_slow_rank", workers=2, cache=False)
+    assert serial.to_dict() == parallel.to_dict()
