@@ -11,6 +11,7 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -81,9 +82,10 @@ class Analysis:
     spec: GpuSpec | None
     findings: tuple[Finding, ...] = field(default_factory=tuple)
     skipped: tuple[dict[str, str], ...] = field(default_factory=tuple)
+    run: dict[str, Any] = field(default_factory=dict)  # the run folder's manifest, when there is one
 
     # --- frames ----------------------------------------------------------------------------
-    @property
+    @cached_property
     def kernels(self) -> pd.DataFrame:
         """Every kernel instance with its roofline columns and a ``rank`` column."""
         parts = [pd.concat([r.trace.kernels, r.roofline], axis=1).assign(rank=r.trace.meta.rank) for r in self.ranks]
@@ -119,7 +121,7 @@ class Analysis:
             parts.append(s.assign(rank=r.trace.meta.rank))
         return pd.concat(parts, ignore_index=True)
 
-    @property
+    @cached_property
     def kernel_table(self) -> pd.DataFrame:
         """One row per kernel name as the trace spells it, heaviest first, over the profiled steps."""
         k = self.kernels
@@ -170,7 +172,7 @@ class Analysis:
         return pd.Series(out, dtype=object)
 
     # --- summary ---------------------------------------------------------------------------
-    @property
+    @cached_property
     def summary(self) -> dict[str, Any]:
         """Step time, GPU busy %, breakdown and MFU, averaged over ranks (per-rank in ``per_rank``)."""
         s = [r.summary for r in self.ranks]
@@ -274,15 +276,7 @@ class Analysis:
                                                           "mem_used_mb", "clock_event_reasons", "in_window",
                                                           "gpm_tensor_util_pct", "sm_clock_max_mhz", "power_limit_w")}
                       | {"t_s": (int(row["ts_ns"]) - t0) / 1e9} for row in keep.to_dict("records")]
-        run: dict[str, Any] = {}
-        for p in {Path(r.trace.meta.path).parent.parent for r in self.ranks}:
-            m = p / "manifest.json"
-            if m.is_file():
-                try:
-                    doc = json.loads(m.read_text())
-                    run = {k: doc.get(k) for k in ("command", "torch", "cuda", "host", "exit_code", "world_size")}
-                except (OSError, ValueError):
-                    pass
+        run = {k: self.run.get(k) for k in ("command", "torch", "cuda", "host", "exit_code", "world_size")}
         return _clean({"per_step": per_step, "roofs": roofs, "nvml_series": series, "run": run})
 
     def to_html(self, path: str | Path | None = None) -> str:
@@ -365,8 +359,9 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
     from gpuprof.analyzers import run_analyzers
 
     seq = [paths] if isinstance(paths, (str, Path)) else list(paths)
-    if step_ms is None:
-        step_ms = _manifest_step_ms(seq)
+    folder, manifest = _manifest(seq)
+    if step_ms is None and isinstance(manifest.get("unprofiled_step_ms"), (int, float)):
+        step_ms = float(manifest["unprofiled_step_ms"]) or None
     if step_ms is not None and not step_ms > 0:
         raise GpuprofError(f"--step-ms must be a positive number of milliseconds, got {step_ms}")
     files = find_traces(seq)
@@ -377,41 +372,44 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
     traces.sort(key=lambda t: t.meta.rank)
     props = [p for t in traces for p in t.meta.device_properties]
     spec = resolve(props, gpu=gpu, spec_file=gpu_spec)
-    samples, period, gpu_of = _run_nvml(seq)
+    samples, period, gpu_of = _run_nvml(folder, manifest)
     results = []
     for t in traces:
         roof = classify(t, spec)
         results.append(RankResult(t, roof, summarize(t.steps, t.kernels, roof, t.memcpys, spec), step_ms,
                                   _rank_samples(t, samples, gpu_of), period))
-    base = Analysis(ranks=tuple(results), spec=spec)
+    base = Analysis(ranks=tuple(results), spec=spec, run=manifest)
     findings, skipped = run_analyzers(base, only=analyzers)
-    return Analysis(ranks=tuple(results), spec=spec, findings=tuple(findings), skipped=tuple(skipped))
+    return Analysis(ranks=tuple(results), spec=spec, findings=tuple(findings), skipped=tuple(skipped), run=manifest)
 
 
-def _run_nvml(paths: Sequence[str | Path]) -> tuple[pd.DataFrame | None, float, dict[int, int]]:
+def _manifest(paths: Sequence[str | Path]) -> tuple[Path | None, dict[str, Any]]:
+    """The first run folder among ``paths`` and its manifest (find_traces reports a bad one)."""
+    for p in paths:
+        m = Path(p) / "manifest.json"
+        if m.is_file():
+            try:
+                doc = json.loads(m.read_text())
+            except (OSError, ValueError):
+                return Path(p), {}
+            return Path(p), doc if isinstance(doc, dict) else {}
+    return None, {}
+
+
+def _run_nvml(folder: Path | None, doc: dict[str, Any]) -> tuple[pd.DataFrame | None, float, dict[int, int]]:
     """NVML samples of a run folder, the sampling period, and each rank's physical GPU index."""
     from gpuprof.nvml_data import load_csv
 
-    for p in paths:
-        m = Path(p) / "manifest.json"
-        if not m.is_file():
-            continue
-        try:
-            doc = json.loads(m.read_text())
-        except (OSError, ValueError):
-            return None, 0.05, {}
-        nv = doc.get("nvml") or {}
-        csv_path = Path(p) / str(nv.get("path", ""))
-        if not nv.get("path") or not csv_path.is_file():
-            return None, 0.05, {}
-        gpu_of = {}
-        for r in doc.get("ranks", []):
-            dev, vis = r.get("cuda_device"), r.get("cuda_visible_devices")
-            if isinstance(dev, int):
-                ids = [x for x in str(vis).split(",") if x.strip().isdigit()] if vis else []
-                gpu_of[int(r.get("rank", 0))] = int(ids[dev]) if dev < len(ids) else dev
-        return load_csv(csv_path), 1.0 / float(nv.get("hz") or 20.0), gpu_of
-    return None, 0.05, {}
+    nv = doc.get("nvml") or {}
+    if folder is None or not nv.get("path") or not (folder / str(nv["path"])).is_file():
+        return None, 0.05, {}
+    gpu_of = {}
+    for r in doc.get("ranks", []):
+        dev, vis = r.get("cuda_device"), r.get("cuda_visible_devices")
+        if isinstance(dev, int):
+            ids = [x for x in str(vis).split(",") if x.strip().isdigit()] if vis else []
+            gpu_of[int(r.get("rank", 0))] = int(ids[dev]) if dev < len(ids) else dev
+    return load_csv(folder / str(nv["path"])), 1.0 / float(nv.get("hz") or 20.0), gpu_of
 
 
 def _rank_samples(t: RankTrace, samples: pd.DataFrame | None, gpu_of: dict[int, int]) -> pd.DataFrame | None:
@@ -422,18 +420,6 @@ def _rank_samples(t: RankTrace, samples: pd.DataFrame | None, gpu_of: dict[int, 
     end = t.meta.t0_epoch_ns + int(t.steps["end"].max() * 1000)
     w = samples[samples["gpu"] == gpu]
     return w.assign(rank=t.meta.rank, in_window=(w["ts_ns"] >= start) & (w["ts_ns"] <= end))
-
-
-def _manifest_step_ms(paths: Sequence[str | Path]) -> float | None:
-    for p in paths:
-        m = Path(p) / "manifest.json"
-        if m.is_file():
-            try:
-                v = json.loads(m.read_text()).get("unprofiled_step_ms")
-            except (OSError, ValueError):
-                return None  # find_traces reports the unreadable manifest
-            return float(v) if isinstance(v, (int, float)) and v > 0 else None
-    return None
 
 
 def _with_rank(t: RankTrace, rank: int) -> RankTrace:
