@@ -1,0 +1,73 @@
+"""gpuprof vs. Holistic Trace Analysis 0.5.0 on the same trace, side by side, in one run.
+
+gpuprof: `gpuprof report --format json --no-cache` end to end. HTA: load the trace and compute its
+temporal, idle-time and kernel breakdowns (those that raise are listed, not timed out: HTA 0.5.0's
+temporal breakdown asserts on torch 2.11 traces seen here). Each runs in a fresh process; wall time and peak RSS
+are measured. HTA is a benchmark-only dependency: give the Python of an environment that has it.
+
+    python benchmarks/vs_hta.py TRACE.json[.gz] --hta-python /path/to/venv/bin/python
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+GPUPROF = r"""
+import json, resource, sys, time
+t = time.perf_counter()
+import gpuprof
+a = gpuprof.analyze(sys.argv[1], cache=False)
+a.to_json()
+print(json.dumps({"seconds": time.perf_counter() - t,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+HTA = r"""
+import json, resource, sys, time
+t = time.perf_counter()
+from hta.trace_analysis import TraceAnalysis
+a = TraceAnalysis(trace_dir=sys.argv[1])
+loaded = time.perf_counter() - t
+failed = []
+for name in ("get_temporal_breakdown", "get_idle_time_breakdown", "get_gpu_kernel_breakdown"):
+    try:
+        getattr(a, name)(visualize=False)
+    except Exception as e:  # HTA 0.5.0 asserts on some torch 2.11 traces; record it and go on
+        failed.append(f"{name}: {e.__class__.__name__}")
+print(json.dumps({"seconds": time.perf_counter() - t, "load_seconds": loaded, "failed": failed,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def run(py: str, code: str, arg: str) -> dict[str, float]:
+    r = subprocess.run([py, "-c", code, arg], capture_output=True, text=True)
+    if r.returncode != 0:
+        return {"error": r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}"}
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("trace")
+    p.add_argument("--hta-python", required=True)
+    a = p.parse_args()
+    mb = Path(a.trace).stat().st_size / 1e6
+    mine = run(sys.executable, GPUPROF, a.trace)
+    with tempfile.TemporaryDirectory() as d:  # HTA reads a folder of rank traces
+        shutil.copy(a.trace, Path(d) / ("rank0" + "".join(Path(a.trace).suffixes)))
+        theirs = run(a.hta_python, HTA, d)
+    print(json.dumps({"trace_mb": round(mb, 1), "gpuprof": mine, "hta": theirs}, indent=1))
+    if "seconds" in mine and "seconds" in theirs:
+        print(f"gpuprof {mine['seconds']:.1f} s, {mine['peak_rss_mb']:.0f} MB; HTA {theirs['seconds']:.1f} s, "
+              f"{theirs['peak_rss_mb']:.0f} MB: {theirs['seconds'] / mine['seconds']:.1f}x faster, "
+              f"{mine['peak_rss_mb'] / theirs['peak_rss_mb']:.2f}x the memory")
+
+
+if __name__ == "__main__":
+    main()
