@@ -114,7 +114,7 @@ def test_crash_inside_the_window_keeps_a_valid_run(tmp_path: Path) -> None:
     assert m["exit_code"] == 1 and m["traces"] and m["ranks"][0]["status"] == "partial"
     assert any("inside the active window" in f for f in m["failures"])
     rep = subprocess.run([sys.executable, "-m", "gpuprof.cli", "report", str(tmp_path / "run")], capture_output=True,
-                         text=True)
+                         text=True, cwd=tmp_path)  # the default HTML report is written to cwd
     assert rep.returncode == 0, rep.stderr
 
 
