@@ -19,6 +19,7 @@ with tempfile.TemporaryDirectory() as d:
     s.stop()
     print(f"sampler thread: {s.samples} samples, {100 * s.cpu_seconds / seconds:.3f}% of one core, "
           f"{s.cpu_seconds / s.samples * 1e6:.1f} us CPU per sample; off: {s.off}")
+    print("  split per sample (us CPU): " + ", ".join(f"{k} {v / s.samples * 1e6:.1f}" for k, v in s.cpu_split.items()))
     t = time.thread_time()
     for _ in range(200):
         s.sample_once()

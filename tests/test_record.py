@@ -238,8 +238,9 @@ def test_sampler_writes_rows_and_switches_off_failing_metrics(tmp_path: Path) ->
     rows = list(csv.DictReader(open(tmp_path / "nvml.csv")))
     assert len(rows) == s.samples >= 5
     r = rows[-1]
-    slow = rows[0]  # utilisation, memory, temperature and GPM are read on every SLOW_EVERY-th sample
+    slow = rows[0]  # utilisation, memory, temperature and GPM are read on the first sample and then less often
     assert slow["util_gpu_pct"] == "97" and float(slow["mem_used_mb"]) == 40 * 1024
+    assert rows[1]["mem_used_mb"] == "" and rows[1]["power_w"] != ""
     assert float(r["power_w"]) == 690.0 and r["sm_clock_mhz"] == "1500"
     assert r["clock_event_reasons"] == "4" and float(r["power_limit_w"]) == 700.0 and r["sm_clock_max_mhz"] == "1980"
     assert r["temp_c"] == "" and "temperature" in s.off and "gpm" in s.off

@@ -7,11 +7,12 @@ sm_clock_max_mhz, clock_event_reasons (bitmask: 0x1 idle, 0x4 SW power cap, 0x8 
 0x20 SW thermal, 0x40 HW thermal, 0x80 power brake), temp_c, pcie_tx_bytes, pcie_rx_bytes,
 nvlink_tx_bytes, nvlink_rx_bytes (cumulative counters: take differences), and on Hopper and newer
 the GPM metrics gpm_sm_util_pct, gpm_sm_occupancy_pct, gpm_tensor_util_pct, gpm_dram_bw_util_pct
-(each over the interval since the previous sample). Measured on an H200 (benchmarks/nvml_cost.py):
-inside a real sample, memory info costs ~90 µs of CPU and utilisation ~57 µs, the others 4-17 µs;
-GPM ~41 µs and the byte-counter field query ~330 µs. So the fast-changing power, SM clock and
-clock-event reasons are read every sample, the rest less often (see ``sample_once``); a row's
-empty cells were not read that time.
+(each over the interval since the previous sample). Measured on an H200 (benchmarks/nvml_cost.py,
+benchmarks/sampler_cost.py): inside a real sample, memory info costs ~90 µs of CPU and
+utilisation ~57 µs, the others 4-17 µs; a GPM read several hundred µs, the byte-counter field query
+~330 µs. So the fast-changing power, SM clock and clock-event reasons are read every sample and
+the rest less often (see ``sample_once``); a row's empty cells were not read that time. At 20 Hz
+the thread used 0.50-0.58 % of one core there.
 
 Every metric is optional: one that fails once (not supported, no permission) is switched off and
 listed in ``unavailable``; the sampler never raises into the program being profiled.
@@ -38,6 +39,7 @@ FIELDS = {"pcie_tx_bytes": "NVML_FI_DEV_PCIE_COUNT_TX_BYTES", "pcie_rx_bytes": "
 
 
 SLOW_EVERY = 4
+GPM_EVERY = 20
 COUNTER_EVERY = 20
 
 
@@ -62,6 +64,7 @@ class Sampler(threading.Thread):
         self.off: dict[str, str] = {}
         self.samples = 0
         self.cpu_seconds = 0.0
+        self.cpu_split = {"read": 0.0, "write": 0.0, "wait": 0.0}  # where the thread's CPU time goes
         self._stop_event = threading.Event()
         self._static: dict[int, dict[str, Any]] = {d: self._read_static(h) for d, h in self.handles.items()}
         self._gpm: dict[int, Any] = {}
@@ -139,8 +142,9 @@ class Sampler(threading.Thread):
 
     def sample_once(self) -> list[dict[str, Any]]:
         """One row per GPU. Power, SM clock and clock-event reasons every sample; utilisation
-        (itself a ~100-170 ms average in NVML), memory, memory clock, temperature and GPM on every
-        ``SLOW_EVERY``-th; byte counters on every ``COUNTER_EVERY``-th (empty in between)."""
+        (itself a ~100-170 ms average in NVML) on every ``SLOW_EVERY``-th; GPM (an average over
+        the interval since its last read) on every ``GPM_EVERY``-th; memory, memory clock,
+        temperature and byte counters on every ``COUNTER_EVERY``-th (empty in between)."""
         nv = self.nv
         ts = self.clock()
         slow = self.samples % SLOW_EVERY == 0
@@ -157,13 +161,16 @@ class Sampler(threading.Thread):
             }
             if slow:
                 util = self._try("utilization", lambda: nv.nvmlDeviceGetUtilizationRates(h))
+                row["util_gpu_pct"] = util.gpu if util else None
+                row["util_mem_pct"] = util.memory if util else None
+            if self.samples % COUNTER_EVERY == 0:
                 mem = self._try("memory", lambda: nv.nvmlDeviceGetMemoryInfo(h))
                 row.update({
-                    "util_gpu_pct": util.gpu if util else None, "util_mem_pct": util.memory if util else None,
                     "mem_used_mb": mem.used / 2**20 if mem else None,
                     "mem_clock_mhz": self._try("mem_clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)),
                     "temp_c": self._try("temperature", lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
                 })
+            if self.samples % GPM_EVERY == 0:
                 row.update(self._gpm_values(d, h))
             if self.samples % COUNTER_EVERY == 0:
                 row.update(self._fields(h))
@@ -178,16 +185,25 @@ class Sampler(threading.Thread):
             w = csv.writer(f)
             w.writerow(COLUMNS)
             nxt = time.monotonic()
+            split = self.cpu_split
             while not self._stop_event.is_set():
+                c0 = time.thread_time()
                 try:
-                    w.writerows([[row.get(c) for c in COLUMNS] for row in self.sample_once()])
+                    rows = self.sample_once()
                 except Exception as e:  # never let the sampler take the program down
                     self.off.setdefault("sampler", f"{e.__class__.__name__}: {e}")
                     break
+                c1 = time.thread_time()
+                w.writerows([[row.get(c) for c in COLUMNS] for row in rows])
                 if self.samples % 20 == 0:
                     f.flush()
+                c2 = time.thread_time()
                 nxt += self.period
                 time.sleep(max(0.0, nxt - time.monotonic()))  # cheaper wake-ups than Event.wait here
+                c3 = time.thread_time()
+                split["read"] += c1 - c0
+                split["write"] += c2 - c1
+                split["wait"] += c3 - c2
         self.cpu_seconds = time.thread_time() - t_cpu
 
     def stop(self) -> None:
