@@ -332,11 +332,15 @@ def _load_one(path: Path, fallback_rank: int, cache: bool) -> RankTrace:
     return t
 
 
-def load_traces(files: Sequence[Path], cache: bool = True, workers: int | None = None) -> list[RankTrace]:
-    """Load trace files through the parse cache (unless ``cache`` is False); several files are
-    parsed in parallel by up to ``workers`` local processes (default: one per CPU, at most one
-    per file; 1 parses in this process)."""
+def load_traces(files: Sequence[Path], cache: bool = True, workers: int | None = None,
+                dask: str | None = None) -> list[RankTrace]:
+    """Load trace files through the parse cache (unless ``cache`` is False). Several files are
+    parsed in parallel: by up to ``workers`` local processes (default: one per CPU, at most one
+    per file; 1 parses in this process), or on a Dask cluster when ``dask`` is a scheduler
+    address, or ``"local"`` for a local one (needs ``pip install 'gpuprof[dask]'``)."""
     n = len(files)
+    if dask:
+        return _load_on_dask(files, cache, dask, workers)
     workers = min(n, workers or os.cpu_count() or 1)
     if workers <= 1:
         return [_load_one(f, i, cache) for i, f in enumerate(files)]
@@ -346,16 +350,47 @@ def load_traces(files: Sequence[Path], cache: bool = True, workers: int | None =
         return list(pool.map(_load_one, files, range(n), [cache] * n))
 
 
+def _load_on_dask(files: Sequence[Path], cache: bool, address: str, workers: int | None) -> list[RankTrace]:
+    try:
+        from dask.distributed import Client, LocalCluster
+    except ImportError:
+        raise GpuprofError("--dask needs dask.distributed: pip install 'gpuprof[dask]'") from None
+    n = len(files)
+    cluster = None
+    try:
+        if address == "local":
+            cluster = LocalCluster(n_workers=min(n, workers or os.cpu_count() or 1), threads_per_worker=1,
+                                   processes=True, dashboard_address=None)
+            client = Client(cluster)
+        else:
+            client = Client(address, timeout="10s")
+    except OSError as e:
+        raise GpuprofError(f"cannot reach the Dask scheduler {address!r} ({e})") from None
+    try:
+        paths = [str(Path(f).resolve()) for f in files]  # workers may run elsewhere: absolute paths
+        futures = client.map(_load_one_str, paths, range(n), [cache] * n, pure=False)
+        return list(client.gather(futures))
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+
+def _load_one_str(path: str, fallback_rank: int, cache: bool) -> RankTrace:
+    return _load_one(Path(path), fallback_rank, cache)
+
+
 def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gpu_spec: str | None = None,
             analyzers: Sequence[str] | None = None, step_ms: float | None = None, cache: bool = True,
-            workers: int | None = None) -> Analysis:
+            workers: int | None = None, dask: str | None = None) -> Analysis:
     """Load and analyse traces. ``gpu`` overrides the trace's device name (e.g. ``"H100-SXM"``);
     ``gpu_spec`` is a spec file (``gpuprof calibrate`` output); ``analyzers`` restricts which run;
     ``step_ms`` is the step time measured *without* the profiler (from training logs), which
     corrects host-side estimates for the profiler's own host overhead. A run folder from
     ``gpuprof record`` carries it in its manifest (``unprofiled_step_ms``). ``cache`` reads and
     writes the parse cache (:mod:`gpuprof.trace.cache`); ``workers`` bounds the local processes
-    that parse several rank traces in parallel."""
+    that parse several rank traces in parallel; ``dask`` parses them on a Dask cluster instead
+    (a scheduler address, or ``"local"``)."""
     from gpuprof.analyzers import run_analyzers
 
     seq = [paths] if isinstance(paths, (str, Path)) else list(paths)
@@ -365,7 +400,7 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
     if step_ms is not None and not step_ms > 0:
         raise GpuprofError(f"--step-ms must be a positive number of milliseconds, got {step_ms}")
     files = find_traces(seq)
-    traces = load_traces(files, cache=cache, workers=workers)
+    traces = load_traces(files, cache=cache, workers=workers, dask=dask)
     ranks = [t.meta.rank for t in traces]
     if len(set(ranks)) != len(ranks):  # e.g. several single-GPU traces: keep them apart by order
         traces = [t if i == 0 else _with_rank(t, i) for i, t in enumerate(traces)]

@@ -85,8 +85,11 @@ def main() -> None:
               "corrects host-side estimates for the profiler's own overhead.")
 @click.option("--no-cache", is_flag=True, help="Neither read nor write the parse cache ($GPUPROF_CACHE_DIR).")
 @click.option("--workers", type=click.IntRange(min=1), help="Local processes parsing rank traces (default: CPUs).")
+@click.option("--dask", "dask_address", metavar="ADDRESS|local",
+              help="Parse rank traces on a Dask cluster (scheduler address, or 'local'); needs gpuprof[dask].")
 def report(paths: tuple[Path, ...], fmt: str, output: Path | None, force: bool, gpu: str | None,
-           gpu_spec: Path | None, step_ms: float | None, no_cache: bool, workers: int | None) -> None:
+           gpu_spec: Path | None, step_ms: float | None, no_cache: bool, workers: int | None,
+           dask_address: str | None) -> None:
     """Analyse traces and report step time, MFU, roofline classes and findings.
 
     PATHS are Kineto trace files (.json or .json.gz, as torch.profiler writes them), folders of
@@ -96,7 +99,7 @@ def report(paths: tuple[Path, ...], fmt: str, output: Path | None, force: bool, 
         if sys.stderr.isatty():
             click.echo(f"gpuprof: analysing {len(paths)} path(s)…", err=True)
         analysis = gpuprof.analyze(list(paths), gpu=gpu, gpu_spec=str(gpu_spec) if gpu_spec else None,
-                                   step_ms=step_ms, cache=not no_cache, workers=workers)
+                                   step_ms=step_ms, cache=not no_cache, workers=workers, dask=dask_address)
         if fmt == "html":
             target = output or _fresh_path(Path("gpuprof-report.html"))
             _write_new(target, analysis.to_html(), force)

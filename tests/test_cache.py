@@ -73,3 +73,40 @@ def test_parallel_loading_matches_serial(tmp_path: Path, monkeypatch: pytest.Mon
     serial = gpuprof.analyze(SAMPLES / "ddp_slow_rank", workers=1, cache=False)
     parallel = gpuprof.analyze(SAMPLES / "ddp_slow_rank", workers=2, cache=False)
     assert serial.to_dict() == parallel.to_dict()
+
+
+def _eight_ranks(tmp_path: Path) -> Path:
+    """Eight rank traces derived in test code from the two real DDP rank traces: copies with
+    distributedInfo set to ranks 0-7 of 8 (the events are the recorded ones)."""
+    import gzip
+
+    d = tmp_path / "eight"
+    d.mkdir()
+    for r in range(8):
+        doc = json.loads(gzip.decompress((SAMPLES / "ddp_good" / f"rank{r % 2}.json.gz").read_bytes()))
+        doc["distributedInfo"] = {**doc.get("distributedInfo", {}), "rank": r, "world_size": 8}
+        (d / f"rank{r}.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode(), 1))
+    return d
+
+
+def test_dask_local_cluster_on_eight_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("distributed", reason="dask.distributed is part of the test extra")
+    monkeypatch.setenv("GPUPROF_CACHE_DIR", str(tmp_path / "cache"))
+    import gpuprof
+
+    folder = _eight_ranks(tmp_path)
+    on_dask = gpuprof.analyze(folder, dask="local", workers=2, cache=False)
+    local = gpuprof.analyze(folder, workers=1, cache=False)
+    assert [r.trace.meta.rank for r in on_dask.ranks] == list(range(8))
+    a, b = on_dask.to_dict(), local.to_dict()
+    assert a["summary"] == b["summary"] and a["kernels"] == b["kernels"] and a["findings"] == b["findings"]
+    assert len(a["summary"]["per_rank"]) == 8
+
+
+def test_unreachable_dask_scheduler_is_one_clear_error(tmp_path: Path) -> None:
+    pytest.importorskip("distributed")
+    import gpuprof
+    from gpuprof.errors import GpuprofError
+
+    with pytest.raises(GpuprofError, match="Dask scheduler"):
+        gpuprof.analyze(SAMPLES / "ddp_good", dask="tcp://127.0.0.1:9", cache=False)
