@@ -49,8 +49,9 @@ def render_text(doc: dict[str, Any], color: bool = False, top: int = 10) -> str:
         lines.append("  no findings" + (" (analyzers skipped: " + ", ".join(
             _safe(x["analyzer"]) for x in doc.get("analyzers_skipped", [])) + ")" if doc.get("analyzers_skipped") else ""))
     for i, f in enumerate(findings[:top], 1):
-        lines.append(f"  {i}. [{f['severity']}] {_safe(f['title'], 90)}  "
-                     f"saves ~{f['estimated_savings_ms']:.2f} ms/step ({f['estimated_savings_pct']:.1f}%)")
+        saving = (f"saves ~{f['estimated_savings_ms']:.2f} ms/step ({f['estimated_savings_pct']:.1f}%)"
+                  if f["estimated_savings_ms"] > 0 else "informational")
+        lines.append(f"  {i}. [{f['severity']}] {_safe(f['title'], 90)}  {saving}")
         lines.append(dim(f"     fix: {_safe(f['recommendation'], 110)}"))
 
     lines.append("")
