@@ -153,7 +153,7 @@ def gaps(r: RankResult) -> pd.DataFrame:
         prev = np.where(last >= 0, last, 0)
         rows.append(pd.DataFrame({
             "step": st.step, "start": busy_until[keep], "end": a["ts"].to_numpy()[keep], "dur": idle[keep],
-            "prev_kind": np.where(last >= 0, a["kind"].to_numpy()[prev], None)[keep],
+            "prev_kind": np.where(last >= 0, a["kind"].to_numpy()[prev], np.full(len(last), None, dtype=object))[keep],
             "prev_row": np.where(last >= 0, a["row"].to_numpy()[prev], -1)[keep],
             "next_kind": a["kind"].to_numpy()[keep], "next_row": a["row"].to_numpy()[keep],
             "next_launch_ts": a["launch_ts"].to_numpy()[keep], "next_op": a["op"].to_numpy()[keep],

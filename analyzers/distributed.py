@@ -20,7 +20,7 @@ activity in those windows, on the common clock).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
@@ -46,7 +46,8 @@ def _covered(intervals: pd.DataFrame, a: np.ndarray, b: np.ndarray) -> np.ndarra
         inside = np.clip(t - ms_[ii], 0, me[ii] - ms_[ii])
         return np.where(i >= 0, cum[ii] + inside, 0.0)
 
-    return upto(b) - upto(a)
+    covered: np.ndarray = upto(b) - upto(a)
+    return covered
 
 
 def _collectives(analysis: Analysis) -> pd.DataFrame:
@@ -102,12 +103,12 @@ def exposed_communication(analysis: Analysis) -> list[Candidate]:
         # the largest collective of each step stays exposed even with perfect overlap
         last = g.loc[g.groupby("step")["exposed_transfer"].idxmax()]
         # exposed transfer costs only while GPU work was queued behind it (see rank_imbalance)
-        keep = np.minimum(g["exposed_transfer"], g["queued_for"]).astype(float)
+        keep = g["exposed_transfer"].clip(upper=g["queued_for"]).astype(float)
         keep.loc[last.index] = 0.0
         for row, v in zip(g["row"], keep):
             if v > 0:
-                units[("k", int(rank), int(row))] = float(v)
-        per_rank[int(rank)] = float(g["exposed_transfer"].sum()) / steps[int(rank)]
+                units[("k", int(cast(int, rank)), int(row))] = float(v)
+        per_rank[int(cast(int, rank))] = float(g["exposed_transfer"].sum()) / steps[int(cast(int, rank))]
     exposed_rows = c.loc[c["exposed"] > 0.5 * c["dur"], ["rank", "row"]]
     for v in views(analysis):  # host gaps around exposed collectives go away with them (DDP launches few)
         rows = exposed_rows.loc[exposed_rows["rank"] == v.rank, "row"]
@@ -145,8 +146,8 @@ def rank_imbalance(analysis: Analysis) -> list[Candidate]:
     steps = _steps(analysis)
     vs = {v.rank: v for v in views(analysis)}
     wait = c.groupby("rank")["exposed_wait"].sum() / pd.Series(steps)
-    slow = int(wait.idxmin())
-    waiting = int(wait.idxmax())
+    slow = int(cast(int, wait.idxmin()))
+    waiting = int(cast(int, wait.idxmax()))
     if wait[waiting] <= 0:
         return []
     # A wait spent while the slow rank ran recorded ops is partly the profiler's own host cost there:
@@ -186,8 +187,8 @@ def rank_imbalance(analysis: Analysis) -> list[Candidate]:
         units.update({("gap", slow, int(j)): 0.0 for j in g.index[overlaps]})  # same lost time: claimed, no extra saving
     ev: dict[str, Any] = {"slow_rank": slow, "waiting_rank": waiting,
                           "waiting_rank_host_blocked_ms_per_step": round(ms(blocked_us), 3),
-                          "wait_ms_per_step_traced": {int(r): round(ms(v), 3) for r, v in wait.items()},
-                          "wait_ms_per_step": {int(r): round(ms(v), 3) for r, v in real.items()},
+                          "wait_ms_per_step_traced": {int(cast(int, r)): round(ms(v), 3) for r, v in wait.items()},
+                          "wait_ms_per_step": {int(cast(int, r)): round(ms(v), 3) for r, v in real.items()},
                           "estimate": "time ranks spend in collectives waiting for the last rank while their next "
                                       "GPU work was already queued, less the profiler's cost of the slow rank's "
                                       "recorded host events meanwhile"}
@@ -211,7 +212,8 @@ HELD_FRACTION = 0.1  # blocked host time, as a share of the waits, that marks a 
 
 def _runtime_us_per_step(v: RankView) -> float:
     rt = v.trace.runtime
-    return float(rt.loc[rt["step"] >= 0, "dur"].sum()) / v.n_steps
+    total = float(rt.loc[rt["step"] >= 0, "dur"].sum())
+    return float(total / v.n_steps)
 
 
 def _meanwhile(analysis: Analysis, c: pd.DataFrame, slow: int, waiting: int) -> dict[str, Any]:

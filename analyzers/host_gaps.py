@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 
 def _gaps(v: RankView, cause: str) -> pd.DataFrame:
-    g = v.gaps
+    g: pd.DataFrame = v.gaps
     return g[g["cause"] == cause] if len(g) else g
 
 

@@ -45,7 +45,8 @@ def run(analysis: Analysis) -> list[Candidate]:
         names = ops["name"].to_numpy()
         shapes = {r: gemm_mnk(str(names[r]), d) for r, d in parsed_column(ops, "input_dims", op_rows).items()}
         vocab = _vocab_sizes(ops)
-        mis_rows, dims_seen = [], {}
+        mis_rows: list[int] = []
+        dims_seen: dict[int, float] = {}
         for row, kr in zip(g.index, g.itertuples()):
             mnk = shapes.get(int(kr.op))
             align = ALIGN.get(str(kr.math_dtype), 8)

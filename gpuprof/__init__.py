@@ -18,8 +18,11 @@ def _alias_source_checkout() -> None:
     and ``reports/`` sit beside this package: import them as ``gpuprof.analyzers`` and
     ``gpuprof.reports``, as an install maps them. Appended last, so an install always wins."""
     import importlib.abc
+    import importlib.machinery
     import importlib.util
     import sys
+    import types
+    from collections.abc import Sequence
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
@@ -28,7 +31,8 @@ def _alias_source_checkout() -> None:
         return
 
     class _Finder(importlib.abc.MetaPathFinder):
-        def find_spec(self, name: str, path: object = None, target: object = None) -> object:
+        def find_spec(self, name: str, path: Sequence[str] | None = None,
+                      target: types.ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
             home = homes.get(name)
             if home is None:
                 return None

@@ -146,7 +146,7 @@ class Analysis:
                   kernel_engine=("engine", "first"), math_dtype=("math_dtype", "first"), op=("op_name", "first"))
         t = t.rename(columns={"kernel_engine": "engine"})
         t["shapes"] = self._shapes(k, first_op).reindex(t.index)
-        bound_time = k.groupby(["name", k["bound"].astype(str)])["dur"].sum().unstack(fill_value=0.0)
+        bound_time = k.groupby(["name", k["bound"].astype(str)])["dur"].sum().unstack(fill_value=0)
         t["bound"] = bound_time.idxmax(axis=1).reindex(t.index)
         has = t["any_model"] & (t["m_dur"] > 0)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -163,7 +163,7 @@ class Analysis:
         """Input shapes of the op that launched each kernel name's first instance (JSON text)."""
         out = {}
         by_rank = {r.trace.meta.rank: r.trace.ops for r in self.ranks}
-        rank_of = k.groupby("name", sort=False)["rank"].first()
+        rank_of = k.groupby("name", sort=False)["rank"].first().to_dict()
         for name, row in first_op.items():
             ops = by_rank.get(int(rank_of[name]))
             if ops is not None and row >= 0:
@@ -219,13 +219,14 @@ class Analysis:
         meta = self.ranks[0].trace.meta
         table = self.kernel_table
         kernels = [
-            {"name": r.name, "count": int(r.count), "total_us": _f(r.total_us), "flops": _f(r.flops),
-             "bytes": _f(r.bytes), "achieved_tflops": _f(r.achieved_tflops), "achieved_gbps": _f(r.achieved_gbps),
-             "bound": str(r.bound), "roofline_pct": _f(r.roofline_pct), "engine": r.engine or None,
-             "math_dtype": r.math_dtype if isinstance(r.math_dtype, str) else None,
-             "op": r.op if isinstance(r.op, str) else None,
-             "shapes": r.shapes if isinstance(r.shapes, str) else None}
-            for r in table.itertuples()
+            {"name": r["name"], "count": int(r["count"]), "total_us": _f(r["total_us"]), "flops": _f(r["flops"]),
+             "bytes": _f(r["bytes"]), "achieved_tflops": _f(r["achieved_tflops"]),
+             "achieved_gbps": _f(r["achieved_gbps"]), "bound": str(r["bound"]), "roofline_pct": _f(r["roofline_pct"]),
+             "engine": r["engine"] or None,
+             "math_dtype": r["math_dtype"] if isinstance(r["math_dtype"], str) else None,
+             "op": r["op"] if isinstance(r["op"], str) else None,
+             "shapes": r["shapes"] if isinstance(r["shapes"], str) else None}
+            for r in table.to_dict("records")
         ]
         summary = self.summary
         return {
@@ -277,13 +278,14 @@ class Analysis:
                                                           "gpm_tensor_util_pct", "sm_clock_max_mhz", "power_limit_w")}
                       | {"t_s": (int(row["ts_ns"]) - t0) / 1e9} for row in keep.to_dict("records")]
         run = {k: self.run.get(k) for k in ("command", "torch", "cuda", "host", "exit_code", "world_size")}
-        return _clean({"per_step": per_step, "roofs": roofs, "nvml_series": series, "run": run})
+        detail: dict[str, Any] = _clean({"per_step": per_step, "roofs": roofs, "nvml_series": series, "run": run})
+        return detail
 
     def to_html(self, path: str | Path | None = None) -> str:
         """The offline HTML report; written to ``path`` when given (which must not exist)."""
         from gpuprof.reports.html import render_html
 
-        text = render_html(self.to_dict(), self.detail())
+        text: str = render_html(self.to_dict(), self.detail())
         if path is not None:
             with open(path, "x", encoding="utf-8") as f:
                 f.write(text)
@@ -292,12 +294,14 @@ class Analysis:
     def to_json(self, indent: int | None = 1) -> str:
         from gpuprof.reports.json_report import render_json
 
-        return render_json(self.to_dict(), indent=indent)
+        text: str = render_json(self.to_dict(), indent=indent)
+        return text
 
     def to_text(self, color: bool = False) -> str:
         from gpuprof.reports.text import render_text
 
-        return render_text(self.to_dict(), color=color)
+        text: str = render_text(self.to_dict(), color=color)
+        return text
 
 
 def _f(x: Any) -> float | None:
@@ -359,19 +363,20 @@ def _load_on_dask(files: Sequence[Path], cache: bool, address: str, workers: int
     cluster = None
     try:
         if address == "local":
-            cluster = LocalCluster(n_workers=min(n, workers or os.cpu_count() or 1), threads_per_worker=1,
-                                   processes=True, dashboard_address=None)
-            client = Client(cluster)
+            cluster = LocalCluster(  # type: ignore[no-untyped-call]
+                n_workers=min(n, workers or os.cpu_count() or 1), threads_per_worker=1, processes=True,
+                dashboard_address=None)
+            client = Client(cluster)  # type: ignore[no-untyped-call]
         else:
-            client = Client(address, timeout="10s")
+            client = Client(address, timeout="10s")  # type: ignore[no-untyped-call]
     except OSError as e:
         raise GpuprofError(f"cannot reach the Dask scheduler {address!r} ({e})") from None
     try:
         paths = [str(Path(f).resolve()) for f in files]  # workers may run elsewhere: absolute paths
         futures = client.map(_load_one_str, paths, range(n), [cache] * n, pure=False)
-        return list(client.gather(futures))
+        return list(client.gather(futures))  # type: ignore[no-untyped-call]
     finally:
-        client.close()
+        client.close()  # type: ignore[no-untyped-call]
         if cluster is not None:
             cluster.close()
 

@@ -25,13 +25,14 @@ def _median_ms(fn: Callable[[], object], warmup: int, repeat: int) -> float:
     torch.cuda.synchronize()
     times = []
     for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         start.record()
         fn()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return float(statistics.median(times))
 
 
 def _matmul_tflops(kind: str, n: int, warmup: int, repeat: int) -> float | None:

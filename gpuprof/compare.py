@@ -29,7 +29,7 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     cats = sorted({f["category"] for f in before["findings"]} | {f["category"] for f in after["findings"]})
 
     def saving(doc: dict[str, Any], cat: str) -> float:
-        return sum(f["estimated_savings_ms"] for f in doc["findings"] if f["category"] == cat)
+        return float(sum(f["estimated_savings_ms"] for f in doc["findings"] if f["category"] == cat))
 
     kb, ka = _per_step(before), _per_step(after)
     names = set(kb) | set(ka)

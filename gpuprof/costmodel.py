@@ -14,6 +14,7 @@ costs as many rule evaluations as it has distinct signatures.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable
@@ -114,7 +115,7 @@ def _dt(t: str) -> str:
 
 def _flag(concrete: list[Any], idx: int) -> bool | None:
     if idx < len(concrete) and isinstance(concrete[idx], str) and concrete[idx] in ("True", "False"):
-        return concrete[idx] == "True"
+        return bool(concrete[idx] == "True")
     return None
 
 
@@ -243,7 +244,7 @@ def _attention(name: str, dims: list[Any], types: list[Any], concrete: list[Any]
 
 
 for _name in _ATTN:
-    _RULES[_name] = lambda dims, types, concrete, _n=_name: _attention(_n, dims, types, concrete)
+    _RULES[_name] = functools.partial(_attention, _name)
 
 
 # --- convolution -----------------------------------------------------------------------------
@@ -521,16 +522,14 @@ def op_costs(ops: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
     family = np.empty(len(rows), dtype=object)
     for i in range(len(rows)):  # a dict lookup per op; a rule evaluation per distinct signature
         key = (names[i], dims[i], types[i], conc[i], strd[i])
-        c = cache.get(key, _MISSING)
-        if c is _MISSING:
+        if key in cache:
+            c = cache[key]
+        else:
             c = cache[key] = cost_of(str(names[i]), _arg(dims[i], parse_arg), _arg(types[i], parse_arg),
                                      _arg(conc[i], parse_arg), _arg(strd[i], parse_arg))
         if c is not None:
-            flops[i], nbytes[i], dtype[i], family[i] = c.flops, c.bytes, c.dtype, c.family  # type: ignore[union-attr]
+            flops[i], nbytes[i], dtype[i], family[i] = c.flops, c.bytes, c.dtype, c.family
     return pd.DataFrame({"flops": flops, "bytes": nbytes, "dtype": dtype, "family": family}, index=rows)
-
-
-_MISSING = object()
 
 
 def _arg(value: Any, parse: Callable[[Any], Any]) -> Any:

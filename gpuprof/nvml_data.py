@@ -54,11 +54,11 @@ def summarize(samples: pd.DataFrame, period_s: float) -> dict[str, Any]:
         w = samples
 
     def mean(col: str) -> float | None:
-        v = pd.to_numeric(w.get(col), errors="coerce") if col in w else None
+        v = pd.to_numeric(w[col], errors="coerce") if col in w else None
         return float(v.mean()) if v is not None and v.notna().any() else None
 
     def top(col: str) -> float | None:
-        v = pd.to_numeric(w.get(col), errors="coerce") if col in w else None
+        v = pd.to_numeric(w[col], errors="coerce") if col in w else None
         return float(v.max()) if v is not None and v.notna().any() else None
 
     reasons = pd.to_numeric(w["clock_event_reasons"], errors="coerce").fillna(0).astype(np.int64) \

@@ -14,6 +14,7 @@ dtype whose roof applies; the roofline time ``max(flops / peak, bytes / bandwidt
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -38,7 +39,7 @@ def engine_of(names: pd.Series) -> pd.Series:
     cats = names.cat.categories if hasattr(names, "cat") else pd.Index(names.unique())
     per = np.array(["cuda" if _CUDA_CORE.search(n) else "tensor" if _TENSOR_CORE.search(n) else "" for n in cats],
                    dtype=object)
-    codes = names.cat.codes.to_numpy() if hasattr(names, "cat") else cats.get_indexer(names)
+    codes = names.cat.codes.to_numpy() if hasattr(names, "cat") else cats.get_indexer(pd.Index(names))
     return pd.Series(per[codes] if len(cats) else np.array([], dtype=object), index=names.index)
 
 
@@ -56,7 +57,7 @@ def classify(trace: RankTrace, spec: GpuSpec | None) -> pd.DataFrame:
     nbytes = costs["bytes"].reindex(op).to_numpy() * share
     dtype = costs["dtype"].reindex(op).to_numpy()
     family = costs["family"].reindex(op).to_numpy()
-    op_name = np.where(has, ops["name"].astype(object).to_numpy()[np.maximum(op, 0)] if len(ops) else None, None)
+    op_name: Any = np.where(has, ops["name"].astype(object).to_numpy()[np.maximum(op, 0)] if len(ops) else None, None)
 
     engine = engine_of(k["name"]).to_numpy()
     matmul = np.isin(family.astype(str), MATMUL_FAMILIES)
@@ -70,7 +71,7 @@ def classify(trace: RankTrace, spec: GpuSpec | None) -> pd.DataFrame:
     # An fp32 GEMM on an unrecognised kernel runs on CUDA cores unless its name says TF32.
     tf32_named = np.fromiter((bool(_TF32_NAME.search(n)) for n in k["name"].astype(str)), bool, len(k)) if len(k) else np.zeros(0, bool)
     math_dtype = np.where(matmul & (engine == "") & (dt == "fp32") & ~tf32_named, "fp32", math_dtype)
-    math_dtype = np.where(has & pd.notna(dtype), math_dtype, None)
+    math_dtype = np.where(has & pd.notna(dtype), math_dtype, np.full(len(math_dtype), None, dtype=object))
 
     out = pd.DataFrame(index=k.index)
     out["op_name"] = op_name

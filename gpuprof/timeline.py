@@ -65,9 +65,11 @@ def summarize(steps: pd.DataFrame, kernels: pd.DataFrame, roof: pd.DataFrame, me
     end = np.r_[kernels["end"].to_numpy(), memcpys["end"].to_numpy()]
     cls = np.r_[roof["cls"].to_numpy().astype(object), np.full(len(memcpys), "memcpy", dtype=object)]
     rows = []
-    for st in steps.itertuples():  # steps are few; the work inside is vectorised
-        t = exclusive_time(start, end, cls, st.start, st.end)
-        rows.append({"step": st.step, "time_us": st.end - st.start, **{f"{k}_us": v for k, v in t.items()}})
+    bounds = zip(steps["step"].to_numpy(dtype=np.int64), steps["start"].to_numpy(dtype=float),
+                 steps["end"].to_numpy(dtype=float))
+    for step, lo, hi in bounds:  # steps are few; the work inside is vectorised
+        t = exclusive_time(start, end, cls, float(lo), float(hi))
+        rows.append({"step": int(step), "time_us": float(hi - lo), **{f"{k}_us": v for k, v in t.items()}})
     per = pd.DataFrame(rows)
     total = float(per["time_us"].sum()) if len(per) else 0.0
     n = max(len(per), 1)

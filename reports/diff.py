@@ -44,5 +44,7 @@ def render_diff_html(doc: dict[str, Any]) -> str:
              "layout": {"barmode": "group", "height": 320, "yaxis": {"title": {"text": "ms per step"}},
                         "margin": {"l": 60, "r": 20, "t": 10, "b": 40}}}
     kernels = [{**k, "label": html.escape(k["name"])} for k in doc["kernels_ms_per_step"]]
-    return _ENV.get_template("diff.html.j2").render(doc=doc, kernels=kernels, chart_json=script_json({"classes": chart}),
-                                                  plotly_js=plotly.offline.get_plotlyjs(), fmt=_fmt)
+    page: str = _ENV.get_template("diff.html.j2").render(doc=doc, kernels=kernels,
+                                                       chart_json=script_json({"classes": chart}),
+                                                       plotly_js=plotly.offline.get_plotlyjs(), fmt=_fmt)
+    return page

@@ -216,7 +216,7 @@ def install() -> None:
     if not run_dir or _STATE is not None:
         return
     sched = tuple(int(x) for x in os.environ.get("GPUPROF_SCHEDULE", "5,10,1,2,3,1").split(","))
-    _STATE = Recorder(Path(run_dir), sched,  # type: ignore[arg-type]
+    _STATE = Recorder(Path(run_dir), sched,
                       os.environ.get("GPUPROF_RECORD_SHAPES", "1") == "1", os.environ.get("GPUPROF_WITH_STACK") == "1")
     state = _STATE
     try:

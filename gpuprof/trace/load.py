@@ -306,7 +306,7 @@ def load_trace(path: str | Path, fallback_rank: int = 0) -> RankTrace:
     for e in events:
         if e.ph != "X":
             continue
-        b = _BUCKETS.get(e.cat)  # type: ignore[arg-type]
+        b = _BUCKETS.get(e.cat)
         if b is None:
             continue
         if not isinstance(e.ts, (int, float)):

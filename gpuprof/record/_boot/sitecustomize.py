@@ -11,11 +11,13 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
+import types
+from collections.abc import Sequence
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _chain_sitecustomize():
+def _chain_sitecustomize() -> None:
     saved = list(sys.path)
     try:
         sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
@@ -28,7 +30,8 @@ def _chain_sitecustomize():
 
 
 class _AfterTorch(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
+    def find_spec(self, name: str, path: "Sequence[str] | None" = None,
+                  target: "types.ModuleType | None" = None) -> "importlib.machinery.ModuleSpec | None":
         if name != "torch":
             return None
         sys.meta_path.remove(self)
@@ -37,7 +40,7 @@ class _AfterTorch(importlib.abc.MetaPathFinder):
             return spec
         run = spec.loader.exec_module
 
-        def exec_module(module):
+        def exec_module(module: "types.ModuleType") -> None:
             run(module)
             try:
                 from gpuprof.record.hook import install
@@ -46,7 +49,7 @@ class _AfterTorch(importlib.abc.MetaPathFinder):
             except Exception as e:  # never break the user's program
                 print(f"gpuprof: recording disabled in pid {os.getpid()}: {e}", file=sys.stderr)
 
-        spec.loader.exec_module = exec_module
+        setattr(spec.loader, "exec_module", exec_module)
         return spec
 
 
