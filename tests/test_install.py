@@ -37,3 +37,10 @@ def test_wheel_contents(tmp_path: Path) -> None:
     assert not top & {"analyzers", "reports", "tests", "sample_traces"}, top
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "gpuprof = gpuprof.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
+
+
+def test_mypy_strict_passes() -> None:
+    """The package is typed (py.typed): mypy --strict (pyproject's [tool.mypy]) must stay clean."""
+    r = subprocess.run([sys.executable, "-m", "mypy", "gpuprof", "analyzers", "reports"], capture_output=True,
+                       text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:]
