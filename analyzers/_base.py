@@ -83,8 +83,6 @@ class RankView:
                     real_dur[m] *= budget / total
                 budget = max(0.0, budget - real_dur[m].sum())
         self.gaps = g.assign(events=n, real_dur=real_dur)
-        self.host_scale = (float(self.gaps["real_dur"].sum() / self.gaps["dur"].sum())
-                           if len(self.gaps) and self.gaps["dur"].sum() > 0 else 1.0)
 
     def kernel_units(self, rows: Iterable[int], saved_us: np.ndarray | pd.Series) -> dict[Unit, float]:
         saved = np.asarray(saved_us, dtype=float)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
-from gpuprof.analyzers._base import Candidate, RankView, ms, top_names, views
+from gpuprof.analyzers._base import HOST_NOTE, Candidate, RankView, ms, top_names, views
 
 if TYPE_CHECKING:
     from gpuprof.api import Analysis, RankResult
@@ -193,7 +193,6 @@ def rank_imbalance(analysis: Analysis) -> list[Candidate]:
                                       "GPU work was already queued, less the profiler's cost of the slow rank's "
                                       "recorded host events meanwhile"}
     if not s_view.host_scale_known:
-        from gpuprof.analyzers._base import HOST_NOTE
         ev["note"] = HOST_NOTE
     ev.update(_meanwhile(analysis, c, slow, waiting))
     return [Candidate(

@@ -14,6 +14,7 @@ dtype whose roof applies; the roofline time ``max(flops / peak, bytes / bandwidt
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -34,13 +35,19 @@ _TENSOR_CORE = re.compile(r"nvjet|gmma|wgmma|tensorop|hmma|imma|_mma|s1688|h1688
 _TF32_NAME = re.compile(r"tf32", re.IGNORECASE)
 
 
+def per_name(names: pd.Series, fn: Callable[[str], Any], dtype: Any = object) -> np.ndarray:
+    """``fn`` of each kernel name, evaluated once per distinct name (kernel names repeat millions
+    of times in big traces; the categorical codes broadcast the results)."""
+    cats = names.cat.categories if hasattr(names, "cat") else pd.Index(names.unique())
+    per = np.array([fn(str(n)) for n in cats], dtype=dtype)
+    codes = names.cat.codes.to_numpy() if hasattr(names, "cat") else cats.get_indexer(pd.Index(names))
+    return per[codes] if len(cats) else np.array([], dtype=dtype)
+
+
 def engine_of(names: pd.Series) -> pd.Series:
     """'tensor', 'cuda' or '' (not a matrix kernel, or not recognised) for each kernel name."""
-    cats = names.cat.categories if hasattr(names, "cat") else pd.Index(names.unique())
-    per = np.array(["cuda" if _CUDA_CORE.search(n) else "tensor" if _TENSOR_CORE.search(n) else "" for n in cats],
-                   dtype=object)
-    codes = names.cat.codes.to_numpy() if hasattr(names, "cat") else cats.get_indexer(pd.Index(names))
-    return pd.Series(per[codes] if len(cats) else np.array([], dtype=object), index=names.index)
+    return pd.Series(per_name(names, lambda n: "cuda" if _CUDA_CORE.search(n) else
+                              "tensor" if _TENSOR_CORE.search(n) else ""), index=names.index)
 
 
 def classify(trace: RankTrace, spec: GpuSpec | None) -> pd.DataFrame:
@@ -69,7 +76,7 @@ def classify(trace: RankTrace, spec: GpuSpec | None) -> pd.DataFrame:
         "fp32",
     )
     # An fp32 GEMM on an unrecognised kernel runs on CUDA cores unless its name says TF32.
-    tf32_named = np.fromiter((bool(_TF32_NAME.search(n)) for n in k["name"].astype(str)), bool, len(k)) if len(k) else np.zeros(0, bool)
+    tf32_named = per_name(k["name"], lambda n: bool(_TF32_NAME.search(n)), dtype=bool)
     math_dtype = np.where(matmul & (engine == "") & (dt == "fp32") & ~tf32_named, "fp32", math_dtype)
     math_dtype = np.where(has & pd.notna(dtype), math_dtype, np.full(len(math_dtype), None, dtype=object))
 
@@ -85,7 +92,8 @@ def classify(trace: RankTrace, spec: GpuSpec | None) -> pd.DataFrame:
         out["peak_tflops"] = np.nan
         out["t_roof_us"] = np.nan
     else:
-        peak = np.array([spec.peak(d) if isinstance(d, str) else np.nan for d in math_dtype], dtype=float)
+        peak_of = {d: spec.peak(d) for d in set(math_dtype) if isinstance(d, str)}  # a few distinct dtypes
+        peak = pd.Series(math_dtype, dtype=object).map(peak_of).to_numpy(dtype=float)
         out["peak_tflops"] = peak
         t_compute = flops / (peak * 1e12) * 1e6
         t_memory = nbytes / (spec.hbm_gbps * 1e9) * 1e6
