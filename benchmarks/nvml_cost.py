@@ -5,28 +5,43 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import Any, Callable
 
 import pynvml
 
-pynvml.nvmlInit()
-h = pynvml.nvmlDeviceGetHandleByIndex(0)
-calls = {
-    "utilization": lambda: pynvml.nvmlDeviceGetUtilizationRates(h),
-    "memory": lambda: pynvml.nvmlDeviceGetMemoryInfo(h),
-    "power": lambda: pynvml.nvmlDeviceGetPowerUsage(h),
-    "sm_clock": lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
-    "mem_clock": lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
-    "clock_event_reasons": lambda: pynvml.nvmlDeviceGetCurrentClocksEventReasons(h),
-    "temperature": lambda: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
-    "field_values_pcie": lambda: pynvml.nvmlDeviceGetFieldValues(
-        h, [pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES]),
-    "gpm_sample_alloc_get_free": lambda: pynvml.nvmlGpmSampleFree(pynvml.nvmlGpmSampleGet(h, pynvml.nvmlGpmSampleAlloc())),
-}
-for name, fn in calls.items():
-    times = []
-    for _ in range(5):
-        t = time.perf_counter()
-        for _ in range(200):
-            fn()
-        times.append((time.perf_counter() - t) / 200 * 1e6)
-    print(f"{name:28s} {statistics.median(times):8.1f} us")
+
+def basic_queries(nv: Any, h: Any) -> dict[str, Callable[[], Any]]:
+    """The sampler's basic queries, in its order (benchmarks/sampler_cost.py uses them too)."""
+    return {
+        "utilization": lambda: nv.nvmlDeviceGetUtilizationRates(h),
+        "memory": lambda: nv.nvmlDeviceGetMemoryInfo(h),
+        "power": lambda: nv.nvmlDeviceGetPowerUsage(h),
+        "sm_clock": lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
+        "mem_clock": lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM),
+        "clock_event_reasons": lambda: nv.nvmlDeviceGetCurrentClocksEventReasons(h),
+        "temperature": lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
+    }
+
+
+def main() -> None:
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    calls = {
+        **basic_queries(pynvml, h),
+        "field_values_pcie": lambda: pynvml.nvmlDeviceGetFieldValues(
+            h, [pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES]),
+        "gpm_sample_alloc_get_free": lambda: pynvml.nvmlGpmSampleFree(
+            pynvml.nvmlGpmSampleGet(h, pynvml.nvmlGpmSampleAlloc())),
+    }
+    for name, fn in calls.items():
+        times = []
+        for _ in range(5):
+            t = time.perf_counter()
+            for _ in range(200):
+                fn()
+            times.append((time.perf_counter() - t) / 200 * 1e6)
+        print(f"{name:28s} {statistics.median(times):8.1f} us")
+
+
+if __name__ == "__main__":
+    main()

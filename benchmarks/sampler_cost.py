@@ -8,6 +8,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.nvml_cost import basic_queries
 from gpuprof.record.nvml import Sampler, load_nvml
 
 seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 5.0
@@ -38,15 +39,7 @@ with tempfile.TemporaryDirectory() as d:
 
 # Each query's CPU cost inside a real sample (queries in the sampler's order, 200 samples).
 h = nv.nvmlDeviceGetHandleByIndex(0)
-order = {
-    "utilization": lambda: nv.nvmlDeviceGetUtilizationRates(h),
-    "memory": lambda: nv.nvmlDeviceGetMemoryInfo(h),
-    "power": lambda: nv.nvmlDeviceGetPowerUsage(h),
-    "sm_clock": lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
-    "mem_clock": lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM),
-    "clock_event_reasons": lambda: nv.nvmlDeviceGetCurrentClocksEventReasons(h),
-    "temperature": lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
-}
+order = basic_queries(nv, h)
 cost = {k: 0.0 for k in order}
 for _ in range(200):
     for k, fn in order.items():

@@ -76,6 +76,14 @@ def record(tmp: Path, out: str, *cmd: str, opts: list[str] = FAST) -> subprocess
                            *cmd], capture_output=True, text=True, cwd=tmp, timeout=300)
 
 
+def start_long_recording(tmp: Path, sleep: str) -> subprocess.Popen[str]:
+    """`gpuprof record` of a training loop that runs until interrupted (``sleep`` s per step)."""
+    script = write(tmp, "train.py", TRAIN)
+    return subprocess.Popen([sys.executable, "-m", "gpuprof.cli", "record", "--out", str(tmp / "run"), *FAST, "--",
+                             sys.executable, str(script), "100000", "-1", "0", sleep],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp)
+
+
 def manifest(tmp: Path, out: str) -> dict[str, Any]:
     return json.loads((tmp / out / "manifest.json").read_text())
 
@@ -119,10 +127,7 @@ def test_crash_inside_the_window_keeps_a_valid_run(tmp_path: Path) -> None:
 
 
 def test_sigint_is_passed_on_and_the_run_folder_written(tmp_path: Path) -> None:
-    script = write(tmp_path, "train.py", TRAIN)
-    p = subprocess.Popen([sys.executable, "-m", "gpuprof.cli", "record", "--out", str(tmp_path / "run"), *FAST, "--",
-                          sys.executable, str(script), "100000", "-1", "0", "0.01"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    p = start_long_recording(tmp_path, "0.01")
     deadline = time.time() + 120
     meta = tmp_path / "run" / "traces" / "rank0.meta.json"
     while time.time() < deadline and not (meta.exists() and json.loads(meta.read_text()).get("trace")):
@@ -257,10 +262,7 @@ def test_sampler_sees_only_visible_gpus(tmp_path: Path) -> None:
 
 def test_a_signal_during_export_does_not_lose_the_trace(tmp_path: Path) -> None:
     """The export is where a Ctrl-C hurts most: it is held until the file is whole."""
-    script = write(tmp_path, "train.py", TRAIN)
-    p = subprocess.Popen([sys.executable, "-m", "gpuprof.cli", "record", "--out", str(tmp_path / "run"), *FAST, "--",
-                          sys.executable, str(script), "100000", "-1", "0", "0.001"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    p = start_long_recording(tmp_path, "0.001")
     deadline = time.time() + 120
     traces = tmp_path / "run" / "traces"
     while time.time() < deadline and not list(traces.glob("*.partial.json.gz")) and not (traces / "rank0.json.gz").exists():
