@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from gpuprof.analyzers._base import Candidate, ms, parsed_column, top_names, views
 
-
 if TYPE_CHECKING:
     from gpuprof.api import Analysis
 

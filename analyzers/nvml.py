@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-
 from gpuprof.analyzers._base import Candidate, views
+
 from gpuprof.nvml_data import REASONS, THROTTLE_MASK, busy, summarize
 
 if TYPE_CHECKING:

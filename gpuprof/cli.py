@@ -150,7 +150,8 @@ def record(out: Path | None, schedule: tuple[int, int, int, int], skip_steps: in
     loops without an optimizer call gpuprof.step() once per step. Writes manifest.json and
     nvml.csv, and exits with the program's exit code.
     """
-    from gpuprof.record.launcher import Options, record as run
+    from gpuprof.record.launcher import Options
+    from gpuprof.record.launcher import record as run
 
     wait, warmup, active, repeat = schedule
     try:

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
+import gpuprof
 from gpuprof.compare import compare
 from tests.conftest import SAMPLES
 from tests.test_html import hostile_trace
-
-import gpuprof
 
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
