@@ -1,5 +1,8 @@
 """CPU cost of the NVML sampler on this machine (run on a GPU machine): total thread CPU per
-sample, and how much of it is the NVML reads versus waking up."""
+sample, and how much of it is the NVML reads versus waking up.
+
+    python benchmarks/sampler_cost.py [SECONDS] [GPU,GPU...]
+"""
 
 from __future__ import annotations
 
@@ -14,13 +17,16 @@ from gpuprof.record.nvml import Sampler, load_nvml
 seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 5.0
 nv = load_nvml()
 with tempfile.TemporaryDirectory() as d:
-    s = Sampler(Path(d) / "n.csv", hz=20.0, nvml=nv)
+    gpus = [int(x) for x in sys.argv[2].split(",")] if len(sys.argv) > 2 else None  # default: every GPU
+    s = Sampler(Path(d) / "n.csv", hz=20.0, nvml=nv, devices=gpus)
     s.start()
     time.sleep(seconds)
     s.stop()
     print(f"sampler thread: {s.samples} samples, {100 * s.cpu_seconds / seconds:.3f}% of one core, "
           f"{s.cpu_seconds / s.samples * 1e6:.1f} us CPU per sample; off: {s.off}")
     print("  split per sample (us CPU): " + ", ".join(f"{k} {v / s.samples * 1e6:.1f}" for k, v in s.cpu_split.items()))
+    print(f"  {len(s.devices)} GPU(s); group read cost (us CPU, all GPUs): "
+          + ", ".join(f"{g} {v:.0f}" for g, v in s.group_us.items()) + f"; read periods (s): {s.periods_s}")
     t = time.thread_time()
     for _ in range(200):
         s.sample_once()

@@ -236,7 +236,8 @@ class FakeNvml:
 
 def test_sampler_writes_rows_and_switches_off_failing_metrics(tmp_path: Path) -> None:
     clock = iter(range(1_000_000_000, 10**12, 50_000_000))
-    s = Sampler(tmp_path / "nvml.csv", hz=200.0, nvml=FakeNvml(), clock=lambda: next(clock))
+    s = Sampler(tmp_path / "nvml.csv", hz=200.0, nvml=FakeNvml(), clock=lambda: next(clock), budget_pct=100.0,
+                min_period_s={"util": 0.02, "memory": 0.05, "gpm": 0.05, "counters": 0.05})
     s.start()
     time.sleep(0.2)
     s.stop()
@@ -249,9 +250,25 @@ def test_sampler_writes_rows_and_switches_off_failing_metrics(tmp_path: Path) ->
     assert float(r["power_w"]) == 690.0 and r["sm_clock_mhz"] == "1500"
     assert r["clock_event_reasons"] == "4" and float(r["power_limit_w"]) == 700.0 and r["sm_clock_max_mhz"] == "1980"
     assert r["temp_c"] == "" and "temperature" in s.off and "gpm" in s.off
-    counted = [r for r in rows if r["pcie_tx_bytes"]]  # read on every SLOW_EVERY-th sample
+    counted = [r for r in rows if r["pcie_tx_bytes"]]  # read on every COUNTER_EVERY-th sample
     assert len(counted) >= 2 and int(counted[-1]["pcie_tx_bytes"]) > int(counted[0]["pcie_tx_bytes"])
     assert int(rows[1]["ts_ns"]) - int(rows[0]["ts_ns"]) == 50_000_000
+    assert set(s.group_us) == {"util", "memory", "counters"} and s.periods_s["memory"] >= 0.05
+
+
+def test_sampler_plan_keeps_within_the_cpu_budget() -> None:
+    """plan_strides: cheap groups run at their shortest period; costly ones are stretched so the
+    whole thread fits its budget, but never past their longest period."""
+    from gpuprof.record.nvml import MAX_PERIOD_S, MIN_PERIOD_S, plan_strides
+
+    cheap = {"util": 50.0, "memory": 90.0, "gpm": 300.0, "counters": 300.0}
+    assert plan_strides(100.0, cheap, hz=20.0) == {g: round(MIN_PERIOD_S[g] * 20) for g in cheap}
+    costly = {"util": 100.0, "memory": 180.0, "gpm": 3000.0, "counters": 700.0}
+    k = plan_strides(150.0, costly, hz=20.0)
+    per_s = 150.0 * 20 + sum(costly[g] * 20 / k[g] for g in costly)  # µs of CPU per second
+    assert per_s <= 0.5 / 100 * 1e6 and all(k[g] > MIN_PERIOD_S[g] * 20 for g in costly)
+    # fixed cost alone over budget: every group at its longest period
+    assert plan_strides(300.0, costly, hz=20.0) == {g: round(MAX_PERIOD_S[g] * 20) for g in costly}
 
 
 def test_sampler_sees_only_visible_gpus(tmp_path: Path) -> None:

@@ -119,7 +119,8 @@ def record(cmd: list[str], opts: Options) -> int:
     base["end_ns"] = time.time_ns()
     if sampler is not None:
         sampler.stop()
-        nvml_info.update(samples=sampler.samples, unavailable=sampler.off,
+        nvml_info.update(samples=sampler.samples, unavailable=sampler.off, read_periods_s=sampler.periods_s,
+                         read_cost_us={g: round(v, 1) for g, v in sampler.group_us.items()},
                          sampler_cpu_pct_of_one_core=round(100 * sampler.cpu_seconds /
                                                            max((base["end_ns"] - base["start_ns"]) / 1e9, 1e-9), 3))
     base.update(exit_code=code, signal=sig, nvml=nvml_info)

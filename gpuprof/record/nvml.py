@@ -11,8 +11,11 @@ the GPM metrics gpm_sm_util_pct, gpm_sm_occupancy_pct, gpm_tensor_util_pct, gpm_
 benchmarks/sampler_cost.py): inside a real sample, memory info costs ~90 µs of CPU and
 utilisation ~57 µs, the others 4-17 µs; a GPM read several hundred µs, the byte-counter field query
 ~330 µs. So the fast-changing power, SM clock and clock-event reasons are read every sample and
-the rest less often (see ``sample_once``); a row's empty cells were not read that time. At 20 Hz
-the thread used 0.50-0.58 % of one core there.
+the rest less often: each group's period is stretched, from ``MIN_PERIOD_S`` up to ``MAX_PERIOD_S``,
+so that the thread stays within ``CPU_BUDGET_PCT`` of one core from the costs it measures as it
+runs (``plan_strides``; the periods used go into the manifest). A row's empty cells were not read
+that time. Rows are written in batches of ``WRITE_EVERY`` samples. docs/collector.md has the
+measured CPU use.
 
 Every metric is optional: one that fails once (not supported, no permission) is switched off and
 listed in ``unavailable``; the sampler never raises into the program being profiled.
@@ -38,9 +41,37 @@ FIELDS = {"pcie_tx_bytes": "NVML_FI_DEV_PCIE_COUNT_TX_BYTES", "pcie_rx_bytes": "
           "nvlink_rx_bytes": "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX"}
 
 
-SLOW_EVERY = 4
-GPM_EVERY = 20
-COUNTER_EVERY = 20
+#: Metric groups read less often than every sample, with the shortest period (s) each is read at.
+#: utilisation is itself a ~100-170 ms average in NVML; GPM metrics average over the interval
+#: since their last read; memory, memory clock and temperature change slowly; the byte counters
+#: are cumulative.
+MIN_PERIOD_S = {"util": 0.25, "memory": 1.0, "gpm": 1.0, "counters": 1.0}
+#: ... and the longest: past it the group is read anyway, budget or not.
+MAX_PERIOD_S = {"util": 2.0, "memory": 10.0, "gpm": 10.0, "counters": 10.0}
+CPU_BUDGET_PCT = 0.5  # of one core, for the whole sampler thread
+PLAN_SHARE = 0.85  # plan to this share of the budget: read costs vary from one read to the next
+WRITE_EVERY = 20  # rows are written (and flushed) in batches
+_COL = {c: i for i, c in enumerate(COLUMNS)}
+
+
+def plan_strides(fixed_us: float, group_us: dict[str, float], hz: float, budget_pct: float = CPU_BUDGET_PCT,
+                 min_period_s: dict[str, float] | None = None, max_period_s: dict[str, float] | None = None
+                 ) -> dict[str, int]:
+    """Every how many samples to read each metric group so the sampler stays within its CPU
+    budget: ``fixed_us`` is the measured CPU per sample that every sample pays (waking, the fast
+    reads, writing), ``group_us`` each group's measured CPU per read (all GPUs together). Groups
+    run at their shortest period when that fits in what the fixed cost leaves; otherwise all are
+    stretched by one factor, each capped at its longest period."""
+    lo = MIN_PERIOD_S if min_period_s is None else min_period_s
+    hi = MAX_PERIOD_S if max_period_s is None else max_period_s
+    left = PLAN_SHARE * budget_pct / 100.0 * 1e6 - fixed_us * hz  # µs of CPU per second for the groups
+    want = sum(group_us[g] / lo[g] for g in group_us)  # µs per second at the shortest periods
+    stretch = 1.0 if want <= 0 else (want / left if left > 0 else float("inf"))
+    out = {}
+    for g in group_us:
+        period = min(hi[g], lo[g] * max(1.0, stretch))
+        out[g] = max(1, round(period * hz))
+    return out
 
 
 def load_nvml() -> Any:
@@ -55,7 +86,8 @@ class Sampler(threading.Thread):
     """Samples ``devices`` (indices; all when None) every 1/hz s into ``path`` until ``stop()``."""
 
     def __init__(self, path: Path, hz: float, nvml: Any, devices: list[int] | None = None,
-                 clock: Callable[[], int] = time.time_ns, gpm: bool = True, fields: bool = True) -> None:
+                 clock: Callable[[], int] = time.time_ns, gpm: bool = True, fields: bool = True,
+                 budget_pct: float = CPU_BUDGET_PCT, min_period_s: dict[str, float] | None = None) -> None:
         super().__init__(name="gpuprof-nvml", daemon=True)
         self.path, self.period, self.nv, self.clock = path, 1.0 / hz, nvml, clock
         count = nvml.nvmlDeviceGetCount()
@@ -65,6 +97,12 @@ class Sampler(threading.Thread):
         self.samples = 0
         self.cpu_seconds = 0.0
         self.cpu_split = {"read": 0.0, "write": 0.0, "wait": 0.0}  # where the thread's CPU time goes
+        self.budget_pct, self.hz = budget_pct, hz
+        self.min_period_s = {**MIN_PERIOD_S, **(min_period_s or {})}
+        self.group_us: dict[str, float] = {}  # measured CPU per read of each group (running mean)
+        self._group_reads: dict[str, int] = {}
+        self.strides = {g: max(1, round(p * hz)) for g, p in self.min_period_s.items()}
+        self._due = dict.fromkeys(self.strides, 0)
         self._stop_event = threading.Event()
         self._static: dict[int, dict[str, Any]] = {d: self._read_static(h) for d, h in self.handles.items()}
         self._gpm: dict[int, Any] = {}
@@ -77,11 +115,11 @@ class Sampler(threading.Thread):
             self.off["gpm"] = "switched off (--no-gpm)"
 
     # --- reading ---------------------------------------------------------------------------
-    def _try(self, name: str, fn: Callable[[], Any]) -> Any:
+    def _try(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
         if name in self.off:
             return None
         try:
-            return fn()
+            return fn(*args)
         except Exception as e:  # NVMLError_NotSupported, NoPermission, missing symbol, ...
             self.off[name] = f"{e.__class__.__name__}: {e}"
             return None
@@ -102,6 +140,7 @@ class Sampler(threading.Thread):
                 s = self._try("gpm", lambda: nv.nvmlGpmSampleGet(h, nv.nvmlGpmSampleAlloc()))
                 if s is not None:
                     self._gpm_prev[d] = s
+                    self._gpm[d] = nv.nvmlGpmSampleAlloc()  # the spare: two buffers, reused
             elif "gpm" not in self.off:
                 self.off["gpm"] = "not supported on this GPU (Hopper and newer)"
 
@@ -111,7 +150,7 @@ class Sampler(threading.Thread):
             return {}
 
         def read() -> dict[str, Any]:
-            cur = nv.nvmlGpmSampleGet(h, nv.nvmlGpmSampleAlloc())
+            cur = nv.nvmlGpmSampleGet(h, self._gpm[d])
             mg = nv.c_nvmlGpmMetricsGet_t()
             mg.version = nv.NVML_GPM_METRICS_GET_VERSION
             mg.numMetrics = len(GPM_METRICS)
@@ -119,8 +158,7 @@ class Sampler(threading.Thread):
             for i, const in enumerate(GPM_METRICS.values()):
                 mg.metrics[i].metricId = getattr(nv, const)
             nv.nvmlGpmMetricsGet(mg)
-            nv.nvmlGpmSampleFree(self._gpm_prev[d])
-            self._gpm_prev[d] = cur
+            self._gpm[d], self._gpm_prev[d] = self._gpm_prev[d], cur
             return {col: (mg.metrics[i].value if mg.metrics[i].nvmlReturn == 0 else None)
                     for i, col in enumerate(GPM_METRICS)}
 
@@ -140,43 +178,79 @@ class Sampler(threading.Thread):
                 self.off[col] = f"field not supported (NVML return {getattr(v, 'nvmlReturn', '?')})"
         return out
 
-    def sample_once(self) -> list[dict[str, Any]]:
-        """One row per GPU. Power, SM clock and clock-event reasons every sample; utilisation
-        (itself a ~100-170 ms average in NVML) on every ``SLOW_EVERY``-th; GPM (an average over
-        the interval since its last read) on every ``GPM_EVERY``-th; memory, memory clock,
-        temperature and byte counters on every ``COUNTER_EVERY``-th (empty in between)."""
+    def sample_once(self) -> list[list[Any]]:
+        """One row per GPU, in ``COLUMNS`` order. Power, SM clock and clock-event reasons every
+        sample; utilisation (itself a ~100-170 ms average in NVML) on every ``SLOW_EVERY``-th; GPM
+        (an average over the interval since its last read) on every ``GPM_EVERY``-th; memory,
+        memory clock, temperature and byte counters on every ``COUNTER_EVERY``-th (empty in
+        between). Rows are plain lists and reads are direct calls: at 20 Hz the thread's budget
+        is 250 µs of CPU per sample, and Python overhead is a visible share of it."""
         nv = self.nv
         ts = self.clock()
-        slow = self.samples % SLOW_EVERY == 0
+        n = self.samples
+        due = [g for g, at in self._due.items() if n >= at and not self._group_off(g)]
+        off = self.off
         rows = []
         for d, h in self.handles.items():
-            row: dict[str, Any] = {
-                "ts_ns": ts, "gpu": d,
-                "power_w": (lambda p: p / 1000.0 if p is not None else None)(
-                    self._try("power", lambda: nv.nvmlDeviceGetPowerUsage(h))),
-                "sm_clock_mhz": self._try("sm_clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
-                "clock_event_reasons": self._try("clock_event_reasons",
-                                                 lambda: int(nv.nvmlDeviceGetCurrentClocksEventReasons(h))),
-                **self._static[d],
-            }
-            if slow:
-                util = self._try("utilization", lambda: nv.nvmlDeviceGetUtilizationRates(h))
-                row["util_gpu_pct"] = util.gpu if util else None
-                row["util_mem_pct"] = util.memory if util else None
-            if self.samples % COUNTER_EVERY == 0:
-                mem = self._try("memory", lambda: nv.nvmlDeviceGetMemoryInfo(h))
-                row.update({
-                    "mem_used_mb": mem.used / 2**20 if mem else None,
-                    "mem_clock_mhz": self._try("mem_clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)),
-                    "temp_c": self._try("temperature", lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
-                })
-            if self.samples % GPM_EVERY == 0:
-                row.update(self._gpm_values(d, h))
-            if self.samples % COUNTER_EVERY == 0:
-                row.update(self._fields(h))
+            row: list[Any] = [None] * len(COLUMNS)
+            row[0], row[1] = ts, d
+            for col, v in self._static[d].items():
+                row[_COL[col]] = v
+            if "power" not in off:
+                p = self._try("power", nv.nvmlDeviceGetPowerUsage, h)
+                row[_COL["power_w"]] = p / 1000.0 if p is not None else None
+            if "sm_clock" not in off:
+                row[_COL["sm_clock_mhz"]] = self._try("sm_clock", nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM)
+            if "clock_event_reasons" not in off:
+                r = self._try("clock_event_reasons", nv.nvmlDeviceGetCurrentClocksEventReasons, h)
+                row[_COL["clock_event_reasons"]] = int(r) if r is not None else None
             rows.append(row)
+        for g in due:
+            c0 = time.thread_time()
+            for (d, h), row in zip(self.handles.items(), rows):
+                self._read_group(g, d, h, row)
+            k = self._group_reads.get(g, 0)
+            self.group_us[g] = (self.group_us.get(g, 0.0) * k + (time.thread_time() - c0) * 1e6) / (k + 1)
+            self._group_reads[g] = k + 1
+            self._due[g] = n + self.strides[g]
         self.samples += 1
         return rows
+
+    def _group_off(self, g: str) -> bool:
+        if g == "gpm":
+            return "gpm" in self.off or not self._gpm_prev
+        if g == "counters":
+            return "field_values" in self.off or all(c in self.off for c in FIELDS)
+        return False
+
+    def _read_group(self, g: str, d: int, h: Any, row: list[Any]) -> None:
+        nv = self.nv
+        if g == "util":
+            util = self._try("utilization", nv.nvmlDeviceGetUtilizationRates, h)
+            if util is not None:
+                row[_COL["util_gpu_pct"]], row[_COL["util_mem_pct"]] = util.gpu, util.memory
+        elif g == "memory":
+            mem = self._try("memory", nv.nvmlDeviceGetMemoryInfo, h)
+            row[_COL["mem_used_mb"]] = mem.used / 2**20 if mem else None
+            row[_COL["mem_clock_mhz"]] = self._try("mem_clock", nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_MEM)
+            row[_COL["temp_c"]] = self._try("temperature", nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
+        elif g == "counters":
+            for col, v in self._fields(h).items():
+                row[_COL[col]] = v
+        elif g == "gpm":
+            for col, v in self._gpm_values(d, h).items():
+                row[_COL[col]] = v
+
+    def replan(self, fixed_us: float) -> None:
+        """Re-spread the group reads over the CPU budget from the costs measured so far."""
+        if self.group_us:
+            self.strides.update(plan_strides(fixed_us, self.group_us, self.hz, self.budget_pct,
+                                             {g: self.min_period_s[g] for g in self.group_us}))
+
+    @property
+    def periods_s(self) -> dict[str, float]:
+        """Each group's read period now (s), for the manifest."""
+        return {g: round(k / self.hz, 3) for g, k in self.strides.items()}
 
     # --- thread ----------------------------------------------------------------------------
     def run(self) -> None:
@@ -184,19 +258,22 @@ class Sampler(threading.Thread):
         with open(self.path, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(COLUMNS)
+            f.flush()
             nxt = time.monotonic()
             split = self.cpu_split
+            pending: list[list[Any]] = []
             while not self._stop_event.is_set():
                 c0 = time.thread_time()
                 try:
-                    rows = self.sample_once()
+                    pending.extend(self.sample_once())
                 except Exception as e:  # never let the sampler take the program down
                     self.off.setdefault("sampler", f"{e.__class__.__name__}: {e}")
                     break
                 c1 = time.thread_time()
-                w.writerows([[row.get(c) for c in COLUMNS] for row in rows])
-                if self.samples % 20 == 0:
+                if self.samples % WRITE_EVERY == 0:  # one write per second: a crash loses at most that
+                    w.writerows(pending)
                     f.flush()
+                    pending.clear()
                 c2 = time.thread_time()
                 nxt += self.period
                 time.sleep(max(0.0, nxt - time.monotonic()))  # cheaper wake-ups than Event.wait here
@@ -204,6 +281,11 @@ class Sampler(threading.Thread):
                 split["read"] += c1 - c0
                 split["write"] += c2 - c1
                 split["wait"] += c3 - c2
+                if self.samples == 1 or self.samples % max(1, round(self.hz)) == 0:  # at once, then each second
+                    total_us = sum(split.values()) / self.samples * 1e6
+                    groups_us = sum(self.group_us[g] * self._group_reads[g] for g in self.group_us) / self.samples
+                    self.replan(max(0.0, total_us - groups_us))
+            w.writerows(pending)
         self.cpu_seconds = time.thread_time() - t_cpu
 
     def stop(self) -> None:
