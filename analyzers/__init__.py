@@ -1,7 +1,8 @@
 """The analyzer registry: every analyzer gpuprof runs, listed explicitly, in one place.
 
-An analyzer is a pure function ``(analysis) -> list[Finding]`` that reads the trace model and
-roofline frames and never mutates them. Each declares what it needs (GPU events, shapes, several
+An analyzer is a pure function ``(analysis) -> list[Candidate]`` that reads one rank's trace model
+and roofline frames and never mutates them (the cross-rank ones work from every rank's small
+collective table: :mod:`gpuprof.analyzers.distributed`). Each declares what it needs (GPU events, shapes, several
 ranks, NVML samples); when a trace lacks it, the analyzer is skipped and the report says why.
 Findings are ranked by estimated saving, best first.
 """
@@ -23,22 +24,26 @@ from gpuprof.analyzers import (
     shape_alignment,
     transfers,
 )
-from gpuprof.analyzers._base import Candidate, finalize, release_views
+from gpuprof.analyzers._base import Candidate, Contribution, claim, merge, release_views, views
+from gpuprof.analyzers.distributed import CrossCandidate, to_candidate
 
 from gpuprof.findings import Finding
 
 if TYPE_CHECKING:
     from gpuprof.api import Analysis
+    from gpuprof.ranks import RankPart
+    from gpuprof.specs import GpuSpec
 
 
 @dataclass(frozen=True)
 class Analyzer:
     name: str
-    run: Callable[[Analysis], list[Candidate]]
-    needs: tuple[str, ...] = ()  # "gpu", "shapes", "multi_rank", "spec"
+    run: Callable[[Analysis], list[Candidate]] | None  # None: a cross-rank analyzer (distributed.plan)
+    needs: tuple[str, ...] = ()  # "gpu", "shapes", "multi_rank", "spec", "nvml"
 
 
-#: Every analyzer, in the order they run. Add new ones here.
+#: Every analyzer, in the order they run. Add new ones here. The per-rank ones see one rank at a
+#: time; the cross-rank ones are planned from every rank's collectives (analyzers.distributed).
 REGISTRY: tuple[Analyzer, ...] = (
     Analyzer("precision", precision.run, ("gpu", "shapes", "spec")),
     Analyzer("shape_alignment", shape_alignment.run, ("gpu", "shapes", "spec")),
@@ -50,26 +55,41 @@ REGISTRY: tuple[Analyzer, ...] = (
     Analyzer("launch_overhead", host_gaps.launch_overhead, ("gpu",)),
     Analyzer("pageable_memcpy", transfers.pageable_memcpy, ("gpu",)),
     Analyzer("memory_bound_decode", transfers.memory_bound_decode, ("gpu", "shapes", "spec")),
-    Analyzer("exposed_communication", distributed.exposed_communication, ("gpu",)),
-    Analyzer("rank_imbalance", distributed.rank_imbalance, ("gpu", "multi_rank")),
+    Analyzer("exposed_communication", None, ("gpu",)),
+    Analyzer("rank_imbalance", None, ("gpu", "multi_rank")),
     Analyzer("gpu_throttling", nvml.gpu_throttling, ("gpu", "nvml")),
     Analyzer("memory_capacity", nvml.memory_capacity, ("nvml",)),
 )
 
 
-def _unmet(analysis: Analysis, needs: tuple[str, ...]) -> str | None:
-    ranks = analysis.ranks
-    if "gpu" in needs and not any(r.trace.has_gpu for r in ranks):
+def _unmet(parts: Sequence[RankPart], spec: GpuSpec | None, needs: tuple[str, ...]) -> str | None:
+    if "gpu" in needs and not any(p.has_gpu for p in parts):
         return "the trace has no GPU events"
-    if "shapes" in needs and not any(r.trace.meta.record_shapes for r in ranks):
+    if "shapes" in needs and not any(p.meta.record_shapes for p in parts):
         return "the trace has no input shapes (record_shapes=False)"
-    if "multi_rank" in needs and len(ranks) < 2:
+    if "multi_rank" in needs and len(parts) < 2:
         return "needs traces of two or more ranks"
-    if "nvml" in needs and not any(r.nvml is not None and len(r.nvml) for r in ranks):
+    if "nvml" in needs and not any(p.nvml is not None and len(p.nvml) for p in parts):
         return "no NVML samples (record the run with `gpuprof record` on a GPU machine)"
-    if "spec" in needs and analysis.spec is None:
+    if "spec" in needs and spec is None:
         return "the GPU is unknown (pass --gpu NAME or --gpu-spec FILE)"
     return None
+
+
+def select(parts: Sequence[RankPart], spec: GpuSpec | None, only: Sequence[str] | None = None,
+           registry: Sequence[Analyzer] | None = None) -> tuple[list[Analyzer], list[dict[str, str]]]:
+    """The analyzers to run on this job (those named in ``only``, whose needs the traces meet)
+    and, for the others that were asked for, why they were skipped."""
+    active, skipped = [], []
+    for a in (REGISTRY if registry is None else registry):
+        if only is not None and a.name not in only:
+            continue
+        why = _unmet(parts, spec, a.needs)
+        if why:
+            skipped.append({"analyzer": a.name, "reason": why})
+        else:
+            active.append(a)
+    return active, skipped
 
 
 #: Ranking weight of a low-confidence saving: host time measured under the profiler, which ran
@@ -89,20 +109,46 @@ def rank_findings(findings: Sequence[Finding]) -> list[Finding]:
     return sorted(findings, key=key)
 
 
+def rank_contributions(one_rank: Analysis, active: Sequence[Analyzer], cross: Sequence[CrossCandidate] = ()
+                       ) -> list[Contribution]:
+    """One rank's findings after claims: the per-rank analyzers in ``active`` run on the
+    one-rank analysis ``one_rank`` (its frames in memory), joined by its share of the
+    cross-rank findings."""
+    (part,) = one_rank.parts
+    try:
+        candidates: list[Candidate] = []
+        for a in active:
+            if a.run is not None:
+                candidates.extend(a.run(one_rank))
+        if cross:
+            (view,) = views(one_rank)
+            candidates.extend(to_candidate(cc, view) for cc in cross)
+        out: list[Contribution] = claim(part.rank, candidates, part.n_steps)
+        return out
+    finally:
+        release_views(one_rank)
+
+
+def step_ms_of(parts: Sequence[RankPart]) -> tuple[dict[int, int], dict[int, float]]:
+    """Steps per rank, and the step time savings are a share of: the real (unprofiled) one when
+    known, else the traced one."""
+    return ({p.rank: p.n_steps for p in parts},
+            {p.rank: p.unprofiled_step_ms or p.summary.step_time_ms for p in parts})
+
+
 def run_analyzers(analysis: Analysis, only: Sequence[str] | None = None,
                   registry: Sequence[Analyzer] | None = None) -> tuple[list[Finding], list[dict[str, str]]]:
-    """Run the registered analyzers (or those named in ``only``); return ranked findings and skips."""
-    candidates: list[Candidate] = []
-    skipped: list[dict[str, str]] = []
-    for a in (REGISTRY if registry is None else registry):
-        if only is not None and a.name not in only:
-            continue
-        why = _unmet(analysis, a.needs)
-        if why:
-            skipped.append({"analyzer": a.name, "reason": why})
-            continue
-        candidates.extend(a.run(analysis))
-    try:
-        return rank_findings(finalize(analysis, candidates)), skipped
-    finally:
-        release_views(analysis)
+    """Run the registered analyzers (or those named in ``only``) on an analysis whose ranks are
+    in memory; return ranked findings and skips. :func:`gpuprof.api.analyze` does the same with
+    ranks spread over worker processes or a Dask cluster."""
+    active, skipped = select(analysis.parts, analysis.spec, only, registry)
+    results = {r.trace.meta.rank: r for r in analysis.ranks}
+    names = [a.name for a in active]
+    cross = distributed.plan(analysis.parts, lambda slow, waits, waiting: distributed.slow_detail(
+        results[slow], waits, waiting), names)
+    contribs = []
+    for part in analysis.parts:
+        one = analysis.one_rank(part.rank)
+        contribs.extend(rank_contributions(one, active, cross.get(part.rank, ())))
+    steps, step_ms = step_ms_of(analysis.parts)
+    return rank_findings(merge(contribs, steps, step_ms)), skipped

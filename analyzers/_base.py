@@ -22,14 +22,15 @@ confidence.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from gpuprof.findings import Finding
+from gpuprof.ranks import event_cost_us
 
 if TYPE_CHECKING:
     from gpuprof.api import Analysis, RankResult
@@ -48,6 +49,7 @@ class Candidate:
     evidence: dict[str, Any] = field(default_factory=dict)
     generic: bool = False  # a catch-all (launch overhead): claims only what specific findings left
     informational: bool = False  # reported with no saving (severity "info"), e.g. memory headroom
+    priority_ms: float | None = None  # claim order on its rank; default: its own saving per step there
 
 
 class RankView:
@@ -65,10 +67,8 @@ class RankView:
         real = analysis_step_ms(r)
         self.host_scale_known = real is not None
         host = pd.concat([t.ops.loc[t.ops["step"] >= 0, "ts"], t.runtime.loc[t.runtime["step"] >= 0, "ts"]])
-        self.host_events_per_step = len(host) / self.n_steps
         # The profiler's cost per recorded host event (µs), from the traced vs. the real step time.
-        self.event_cost_us = (max(0.0, self.step_time_us - real * 1000.0) / self.host_events_per_step
-                              if real and self.host_events_per_step else 0.0)
+        self.event_cost_us, self.host_events_per_step = event_cost_us(r)
         g = classify_gaps(r)
         starts = np.sort(host.to_numpy())
         n = np.searchsorted(starts, g["end"].to_numpy()) - np.searchsorted(starts, g["start"].to_numpy())
@@ -245,59 +245,98 @@ def ms(us: float) -> float:
     return us / 1000.0
 
 
-def finalize(analysis: Analysis, candidates: list[Candidate]) -> list[Finding]:
-    """Rank candidates by saving, give each unit to the first claimant, and make Findings.
+@dataclass(frozen=True)
+class Contribution:
+    """A finding's share on one rank after claims: what it keeps there and what it asked for.
+    Small (no units), so ranks analysed apart send these to be merged."""
 
-    Specific findings claim before generic ones: idle gaps between an unfused optimizer's
-    kernels belong to "fuse the optimizer", not to "launch overhead".
+    rank: int
+    id: str
+    category: str
+    title: str
+    confidence: str
+    recommendation: str
+    evidence: dict[str, Any]
+    generic: bool
+    informational: bool
+    units: int  # how many units it asked for on this rank
+    kept_us: float  # µs over the rank's profiled steps that no earlier finding had claimed
+    total_us: float  # µs it asked for
 
-    A finding's saving per step is the largest over ranks of (µs it keeps on that rank) /
-    (that rank's steps): ranks of one job step together, so the slowest rank's gain is the job's.
-    """
-    steps = {r.trace.meta.rank: max(len(r.trace.steps), 1) for r in analysis.ranks}
-    # Percentages are of the real step when it is known, else of the traced one.
-    step_ms = {r.trace.meta.rank: analysis_step_ms(r) or r.summary.step_time_ms for r in analysis.ranks}
 
-    def per_step(units: dict[Unit, float]) -> tuple[float, int]:
-        by_rank: dict[int, float] = {}
-        for u, v in units.items():
-            by_rank[u[1]] = by_rank.get(u[1], 0.0) + v
-        if not by_rank:
-            return 0.0, next(iter(steps))
-        rank = max(by_rank, key=lambda r: by_rank[r] / steps[r])
-        return by_rank[rank] / steps[rank] / 1000.0, rank
+def claim(rank: int, candidates: Sequence[Candidate], n_steps: int) -> list[Contribution]:
+    """Give each of one rank's units to the first finding that claims it and return each finding's
+    share. Order: specific before generic (idle gaps between an unfused optimizer's kernels belong
+    to "fuse the optimizer", not to "launch overhead"), then by ``priority_ms`` (a cross-rank
+    finding's saving for the whole job) or else the finding's own saving per step on this rank,
+    largest first. Units claimed with 0 µs are still taken from later findings."""
+    def key(c: Candidate) -> tuple[bool, float, str]:
+        p = c.priority_ms if c.priority_ms is not None else sum(c.units.values()) / n_steps / 1000.0
+        return (c.generic, -p, c.id)
 
-    # One finding per id: ranks report the same defect separately; merge their units.
-    merged: dict[str, Candidate] = {}
-    for c in candidates:
-        m = merged.get(c.id)
-        if m is None:
-            merged[c.id] = c
-            continue
-        best = c if per_step(c.units)[0] > per_step(m.units)[0] else m
-        ranks = sorted({u[1] for u in (*m.units, *c.units)})
-        merged[c.id] = Candidate(best.id, best.category, best.title, best.confidence, best.recommendation,
-                                 {**m.units, **c.units}, {**best.evidence, "ranks": ranks}, best.generic,
-                                 best.informational)
-    order = sorted(merged.values(), key=lambda c: (c.generic, -per_step(c.units)[0]))
     claimed: set[Unit] = set()
-    out: list[Finding] = []
-    for c in order:
+    out = []
+    for c in sorted(candidates, key=key):
         kept = {u: v for u, v in c.units.items() if u not in claimed}
-        claimed.update(kept)  # units claimed with 0 saving are still taken from later findings
-        saving, rank = per_step(kept)
-        total, _ = per_step(c.units)
+        claimed.update(kept)
+        out.append(Contribution(rank, c.id, c.category, c.title, c.confidence, c.recommendation, c.evidence,
+                                c.generic, c.informational, len(c.units), float(sum(kept.values())),
+                                float(sum(c.units.values()))))
+    return out
+
+
+def merge(contributions: Iterable[Contribution], steps: dict[int, int], step_ms: dict[int, float]) -> list[Finding]:
+    """One Finding per id from the ranks' contributions.
+
+    A finding's saving per step is the largest over ranks of (µs it keeps on that rank) / (that
+    rank's steps): ranks of one job step together, so the slowest rank's gain is the job's. Title
+    and evidence come from the rank where it asked for most.
+    """
+    by_id: dict[str, list[Contribution]] = {}
+    for c in contributions:
+        by_id.setdefault(c.id, []).append(c)
+    out: list[Finding] = []
+    for cs in by_id.values():
+        with_units = [c for c in cs if c.units]
+        best = cs[0]
+        for c in cs[1:]:
+            if c.total_us / steps[c.rank] > best.total_us / steps[best.rank]:
+                best = c
+        if with_units:
+            top = max(with_units, key=lambda c: c.kept_us / steps[c.rank])
+            saving, rank = top.kept_us / steps[top.rank] / 1000.0, top.rank
+            total = max(c.total_us / steps[c.rank] for c in with_units) / 1000.0
+        else:
+            saving, rank, total = 0.0, next(iter(steps)), 0.0
         saving = min(saving, step_ms[rank])
-        if saving <= 0 and not c.informational:
+        if saving <= 0 and not best.informational:
             continue
         pct = 100.0 * saving / step_ms[rank] if step_ms[rank] > 0 else 0.0
-        ev = dict(c.evidence)
+        ev = dict(best.evidence)
+        if len(cs) > 1:
+            ev["ranks"] = sorted({c.rank for c in with_units})
         if total - saving > 1e-6:
             ev["overlap_ms_counted_elsewhere"] = round(total - saving, 4)
-        out.append(Finding(id=c.id, category=c.category, title=c.title, estimated_savings_ms=saving,
-                           estimated_savings_pct=pct, confidence=c.confidence,  # type: ignore[arg-type]
-                           recommendation=c.recommendation, evidence=ev))
+        out.append(Finding(id=best.id, category=best.category, title=best.title, estimated_savings_ms=saving,
+                           estimated_savings_pct=pct, confidence=best.confidence,  # type: ignore[arg-type]
+                           recommendation=best.recommendation, evidence=ev))
     return out
+
+
+def finalize(analysis: Analysis, candidates: list[Candidate]) -> list[Finding]:
+    """Claims rank by rank (:func:`claim`), then one Finding per id (:func:`merge`). A candidate
+    with units on several ranks is split by rank first."""
+    steps = {p.rank: p.n_steps for p in analysis.parts}
+    # Percentages are of the real step when it is known, else of the traced one.
+    step_ms = {p.rank: p.unprofiled_step_ms or p.summary.step_time_ms for p in analysis.parts}
+    per_rank: dict[int, list[Candidate]] = {r: [] for r in steps}
+    for c in candidates:
+        ranks = sorted({u[1] for u in c.units}) or [next(iter(steps))]
+        for r in ranks:
+            units = {u: v for u, v in c.units.items() if u[1] == r}
+            per_rank[r].append(replace(c, units=units))
+    contribs = [x for r, cs in per_rank.items() for x in claim(r, cs, steps[r])]
+    return merge(contribs, steps, step_ms)
 
 
 def parsed_column(ops: pd.DataFrame, column: str, rows: Iterable[int]) -> dict[int, Any]:

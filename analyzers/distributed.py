@@ -14,20 +14,28 @@ wait after the GPU work following the collective had been launched (before that,
 rank's own host was the limit and the wait cost nothing), and only on a waiting rank that is held
 up: its runtime calls block (launch queue full) for at least ``HELD_FRACTION`` of its waits more
 than the slow rank's do; less the profiler's cost of the slow rank's recorded host events
-meanwhile. The job saves what the most-waiting rank still waits. Evidence names the slow rank and what it did while the others waited (its CPU ops and GPU
-activity in those windows, on the common clock).
+meanwhile. The job saves what the most-waiting rank still waits. Evidence names the slow rank and
+what it did while the others waited (its CPU ops and GPU activity in those windows, on the common
+clock).
+
+Both work from small per-rank tables (:func:`collective_table`, one row per NCCL kernel in the
+profiled steps) gathered into the driver; :func:`plan` decides each rank's share, and the slow
+rank alone is asked for detail (:func:`slow_detail`). Each rank then claims its share among its
+own findings (:class:`CrossCandidate` -> :func:`to_candidate`), so no rank's frames ever leave it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
-from gpuprof.analyzers._base import HOST_NOTE, Candidate, RankView, ms, top_names, views
+from gpuprof.analyzers._base import HOST_NOTE, Candidate, RankView, ms, top_names
 
 if TYPE_CHECKING:
-    from gpuprof.api import Analysis, RankResult
+    from gpuprof.ranks import RankPart, RankResult
 
 
 def _covered(intervals: pd.DataFrame, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -50,33 +58,44 @@ def _covered(intervals: pd.DataFrame, a: np.ndarray, b: np.ndarray) -> np.ndarra
     return covered
 
 
-def _collectives(analysis: Analysis) -> pd.DataFrame:
-    rows = []
-    for r in analysis.ranks:
-        t = r.trace
-        k = t.kernels
-        comm = k[k["is_comm"] & (k["step"] >= 0)].sort_values("ts")
-        if comm.empty:
-            continue
-        compute = k[~k["is_comm"]][["ts", "end"]]
-        exposed = comm["dur"].to_numpy() - _covered(compute, comm["ts"].to_numpy(), comm["end"].to_numpy())
-        # How long before the collective ended was the next non-collective GPU work launched?
-        work = pd.concat([k.loc[~k["is_comm"], ["ts", "launch_ts"]], t.memcpys[["ts", "launch_ts"]]]).sort_values("ts")
-        j = np.searchsorted(work["ts"].to_numpy(), comm["end"].to_numpy())
-        nxt = np.where(j < len(work), work["launch_ts"].to_numpy()[np.minimum(j, len(work) - 1)], np.nan)
-        queued_for = np.nan_to_num(comm["end"].to_numpy() - nxt, nan=np.inf)  # no launch record: queued earlier
-        queued_for = np.clip(queued_for, 0.0, None)
-        step_no = t.steps["step"].to_numpy()[comm["step"].to_numpy()]
-        rows.append(pd.DataFrame({
-            "rank": t.meta.rank, "row": comm.index, "step": step_no, "i": comm.groupby("step").cumcount().to_numpy(),
-            "name": comm["name"].astype(str).to_numpy(), "ts": comm["ts"].to_numpy(), "dur": comm["dur"].to_numpy(),
-            "exposed": np.maximum(exposed, 0.0), "abs_ts": comm["ts"].to_numpy() + t.meta.t0_epoch_ns / 1000.0,
-            "nelems": comm["in_nelems"].to_numpy(), "collective": comm["collective"].astype(object).to_numpy(),
-            "queued_for": queued_for,
-        }))
-    if not rows:
+COLLECTIVE_COLUMNS = ["rank", "row", "step", "i", "name", "ts", "dur", "exposed", "abs_ts", "nelems", "collective",
+                      "queued_for"]
+
+
+def collective_table(r: RankResult) -> pd.DataFrame:
+    """One rank's collectives in its profiled steps: step, order within the step, duration, the
+    part not overlapped by compute on its GPU (``exposed``), start on the common clock, and how
+    long before it ended the next GPU work had been queued (``queued_for``)."""
+    t = r.trace
+    k = t.kernels
+    comm = k[k["is_comm"] & (k["step"] >= 0)].sort_values("ts")
+    if comm.empty:
+        return pd.DataFrame(columns=COLLECTIVE_COLUMNS)
+    compute = k[~k["is_comm"]][["ts", "end"]]
+    exposed = comm["dur"].to_numpy() - _covered(compute, comm["ts"].to_numpy(), comm["end"].to_numpy())
+    # How long before the collective ended was the next non-collective GPU work launched?
+    work = pd.concat([k.loc[~k["is_comm"], ["ts", "launch_ts"]], t.memcpys[["ts", "launch_ts"]]]).sort_values("ts")
+    j = np.searchsorted(work["ts"].to_numpy(), comm["end"].to_numpy())
+    nxt = np.where(j < len(work), work["launch_ts"].to_numpy()[np.minimum(j, len(work) - 1)], np.nan)
+    queued_for = np.nan_to_num(comm["end"].to_numpy() - nxt, nan=np.inf)  # no launch record: queued earlier
+    queued_for = np.clip(queued_for, 0.0, None)
+    step_no = t.steps["step"].to_numpy()[comm["step"].to_numpy()]
+    return pd.DataFrame({
+        "rank": t.meta.rank, "row": comm.index, "step": step_no, "i": comm.groupby("step").cumcount().to_numpy(),
+        "name": comm["name"].astype(str).to_numpy(), "ts": comm["ts"].to_numpy(), "dur": comm["dur"].to_numpy(),
+        "exposed": np.maximum(exposed, 0.0), "abs_ts": comm["ts"].to_numpy() + t.meta.t0_epoch_ns / 1000.0,
+        "nelems": comm["in_nelems"].to_numpy(), "collective": comm["collective"].astype(object).to_numpy(),
+        "queued_for": queued_for,
+    })
+
+
+def match(tables: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """Collectives matched across ranks by step and order within it, kept where every rank has
+    it; the shortest duration is the transfer, the rest of each rank's is waiting."""
+    tables = [t for t in tables if len(t)]
+    if not tables:
         return pd.DataFrame()
-    c = pd.concat(rows, ignore_index=True)
+    c = pd.concat(tables, ignore_index=True)
     ranks = c["rank"].nunique()
     c["n"] = c.groupby(["step", "i"])["rank"].transform("size")
     c = c[c["n"] == ranks].copy()  # matched on every rank
@@ -88,47 +107,91 @@ def _collectives(analysis: Analysis) -> pd.DataFrame:
     return c
 
 
-def _steps(analysis: Analysis) -> dict[int, int]:
-    return {r.trace.meta.rank: max(len(r.trace.steps), 1) for r in analysis.ranks}
+@dataclass(frozen=True)
+class CrossCandidate:
+    """A cross-rank finding's share on one rank, decided from all ranks' collective tables."""
+
+    id: str
+    category: str
+    title: str
+    confidence: str
+    recommendation: str
+    evidence: dict[str, Any]
+    priority_ms: float  # the finding's saving per step for the job: its claim order on every rank
+    kernel_units: dict[int, float]  # kernel row -> µs saved on this rank
+    gap_after_rows: tuple[int, ...] = ()  # kernels whose surrounding launch gaps go too
+    zero_gap_windows: tuple[tuple[float, ...], tuple[float, ...]] | None = None  # (start, end) on this rank's clock
 
 
-def exposed_communication(analysis: Analysis) -> list[Candidate]:
-    c = _collectives(analysis)
+def to_candidate(cc: CrossCandidate, v: RankView) -> Candidate:
+    """The rank's share as a Candidate with units, its gaps found in the rank's own view."""
+    units: dict[tuple[Any, ...], float] = {("k", v.rank, int(r)): float(x) for r, x in cc.kernel_units.items()}
+    if cc.gap_after_rows:
+        units.update(v.inner_gap_units(cc.gap_after_rows, after=True))
+    g = v.gaps
+    if cc.zero_gap_windows is not None and len(g):
+        a, b = np.asarray(cc.zero_gap_windows[0]), np.asarray(cc.zero_gap_windows[1])
+        i = np.searchsorted(a, g["end"].to_numpy(), side="left") - 1  # last window starting before the gap ends
+        overlaps = (i >= 0) & (b[np.maximum(i, 0)] > g["start"].to_numpy())
+        units.update({("gap", v.rank, int(j)): 0.0 for j in g.index[overlaps]})  # same lost time: no extra saving
+    return Candidate(cc.id, cc.category, cc.title, cc.confidence, cc.recommendation, units, cc.evidence,
+                     priority_ms=cc.priority_ms)
+
+
+SlowDetail = Callable[[int, pd.DataFrame, int], dict[str, Any]]
+
+
+def plan(parts: Sequence[RankPart], detail: SlowDetail, active: Sequence[str] = ("exposed_communication",
+                                                                                    "rank_imbalance")
+         ) -> dict[int, list[CrossCandidate]]:
+    """Each rank's share of the cross-rank findings named in ``active``. ``detail(slow, waits,
+    waiting)`` runs :func:`slow_detail` on the slow rank, wherever that rank can be loaded."""
+    c = match([p.collectives for p in parts])
+    out: dict[int, list[CrossCandidate]] = {}
     if c.empty:
-        return []
-    steps = _steps(analysis)
-    units: dict[tuple[Any, ...], float] = {}
+        return out
+    by_rank = {p.rank: p for p in parts}
+    if "exposed_communication" in active:
+        for rank, cc in _plan_comm(c, by_rank).items():
+            out.setdefault(rank, []).append(cc)
+    if "rank_imbalance" in active and len(parts) > 1:
+        for rank, cc in _plan_imbalance(c, by_rank, detail).items():
+            out.setdefault(rank, []).append(cc)
+    return out
+
+
+def _plan_comm(c: pd.DataFrame, parts: dict[int, RankPart]) -> dict[int, CrossCandidate]:
+    steps = {r: p.n_steps for r, p in parts.items()}
+    kernel_units: dict[int, dict[int, float]] = {}
     per_rank: dict[int, float] = {}
     for rank, g in c.groupby("rank"):
+        r = int(cast(int, rank))
         # the largest collective of each step stays exposed even with perfect overlap
         last = g.loc[g.groupby("step")["exposed_transfer"].idxmax()]
         # exposed transfer costs only while GPU work was queued behind it (see rank_imbalance)
         keep = g["exposed_transfer"].clip(upper=g["queued_for"]).astype(float)
         keep.loc[last.index] = 0.0
-        for row, v in zip(g["row"], keep):
-            if v > 0:
-                units[("k", int(cast(int, rank)), int(row))] = float(v)
-        per_rank[int(cast(int, rank))] = float(g["exposed_transfer"].sum()) / steps[int(cast(int, rank))]
-    exposed_rows = c.loc[c["exposed"] > 0.5 * c["dur"], ["rank", "row"]]
-    for v in views(analysis):  # host gaps around exposed collectives go away with them (DDP launches few)
-        rows = exposed_rows.loc[exposed_rows["rank"] == v.rank, "row"]
-        units.update(v.inner_gap_units(rows, after=True))
-    if not units:
-        return []
+        kernel_units[r] = {int(row): float(v) for row, v in zip(g["row"], keep) if v > 0}
+        per_rank[r] = float(g["exposed_transfer"].sum()) / steps[r]
+    # host gaps around mostly-exposed collectives go away with them (DDP launches few)
+    exposed = c[c["exposed"] > 0.5 * c["dur"]]
+    gap_rows = {int(cast(int, r)): tuple(int(x) for x in g["row"]) for r, g in exposed.groupby("rank")}
+    if not any(kernel_units.values()) and not gap_rows:
+        return {}
     rank = max(per_rank, key=lambda r: per_rank[r])
     g = c[c["rank"] == rank]
     n_per_step = len(g) / steps[rank]
     small = g[g["nelems"] < 1 << 20]
-    return [Candidate(
+    priority = max(sum(u.values()) / steps[r] for r, u in kernel_units.items()) / 1000.0
+    common = dict(
         id="GP-COMM-001", category="exposed_communication",
         title=f"{n_per_step:.0f} collectives per step leave {ms(g['exposed_transfer'].sum()) / steps[rank]:.2f} ms of "
               "communication exposed (not overlapped with compute)",
-        confidence="high" if len(analysis.ranks) > 1 else "medium",
+        confidence="high" if len(parts) > 1 else "medium",
         recommendation="Overlap gradient communication with backward: wrap the model in "
                        "`DistributedDataParallel` (bucketed all-reduce during backward; tune `bucket_cap_mb`) "
                        "instead of all-reducing after `backward()`, or use FSDP with `backward_prefetch`; "
                        "fewer, larger collectives run nearer the link bandwidth.",
-        units=units,
         evidence={"rank": rank, "collectives_per_step": round(n_per_step, 1),
                   "small_collectives_per_step": round(len(small) / steps[rank], 1),
                   "exposed_transfer_ms_per_step": round(ms(g["exposed_transfer"].sum()) / steps[rank], 3),
@@ -136,30 +199,30 @@ def exposed_communication(analysis: Analysis) -> list[Candidate]:
                   "kernels": top_names(g),
                   "estimate": "exposed transfer time (waiting for other ranks excluded) less the largest "
                               "collective of each step, plus the host gaps around each collective"},
-    )]
+        priority_ms=priority)
+    return {r: CrossCandidate(**common, kernel_units=kernel_units.get(r, {}),  # type: ignore[arg-type]
+                              gap_after_rows=gap_rows.get(r, ()))
+            for r in sorted(set(kernel_units) | set(gap_rows))}
 
 
-def rank_imbalance(analysis: Analysis) -> list[Candidate]:
-    c = _collectives(analysis)
-    if c.empty or c["rank"].nunique() < 2:
-        return []
-    steps = _steps(analysis)
-    vs = {v.rank: v for v in views(analysis)}
-    wait = c.groupby("rank")["exposed_wait"].sum() / pd.Series(steps)
+def _plan_imbalance(c: pd.DataFrame, parts: dict[int, RankPart], detail: SlowDetail) -> dict[int, CrossCandidate]:
+    if c["rank"].nunique() < 2:
+        return {}
+    steps = pd.Series({r: p.n_steps for r, p in parts.items()})
+    wait = c.groupby("rank")["exposed_wait"].sum() / steps.reindex(c["rank"].unique())
     slow = int(cast(int, wait.idxmin()))
     waiting = int(cast(int, wait.idxmax()))
     if wait[waiting] <= 0:
-        return []
-    # A wait spent while the slow rank ran recorded ops is partly the profiler's own host cost there:
-    # deflate by that rank's cost per recorded event (known from --step-ms), as for idle gaps.
-    s_view = vs[slow]
+        return {}
+    sp = parts[slow]
     c = c.assign(real_wait=c["exposed_wait"])
     waits = c[(c["rank"] != slow) & (c["exposed_wait"] > 0)]
-    if s_view.event_cost_us > 0 and len(waits):
-        host = np.sort(pd.concat([s_view.trace.ops["ts"], s_view.trace.runtime["ts"]]).to_numpy())
-        a = waits["abs_ts"].to_numpy() - s_view.trace.meta.t0_epoch_ns / 1000.0
-        n = np.searchsorted(host, a + waits["wait"].to_numpy()) - np.searchsorted(host, a)
-        c.loc[waits.index, "real_wait"] = np.maximum(0.0, waits["exposed_wait"].to_numpy() - s_view.event_cost_us * n)
+    info = detail(slow, waits[["rank", "abs_ts", "wait"]], waiting) if len(waits) else {}
+    # A wait spent while the slow rank ran recorded ops is partly the profiler's own host cost there:
+    # deflate by that rank's cost per recorded event (known from --step-ms), as for idle gaps.
+    if sp.event_cost_us > 0 and len(waits):
+        n = np.asarray(info["events"])
+        c.loc[waits.index, "real_wait"] = np.maximum(0.0, waits["exposed_wait"].to_numpy() - sp.event_cost_us * n)
     # A wait costs step time only when work was queued behind it: the GPU work that follows the
     # collective had been launched before the collective ended. If it was launched later, the host
     # was the bottleneck and the wait was hidden behind it (a rank that merely entered the window
@@ -169,22 +232,16 @@ def rank_imbalance(analysis: Analysis) -> list[Candidate]:
     # behind the waiting collective fills up), i.e. its runtime calls take noticeably longer per
     # step than the slow rank's, which runs the same program unhindered. A rank whose host is the
     # limit anyway (only out of phase with the others) loses nothing to the waits.
-    blocked_us = _runtime_us_per_step(vs[waiting]) - _runtime_us_per_step(vs[slow])
+    blocked_us = parts[waiting].runtime_us_per_step - sp.runtime_us_per_step
     held = blocked_us >= HELD_FRACTION * float(c.loc[c["rank"] == waiting, "real_wait"].sum()) / steps[waiting]
     if not held:
         c["real_wait"] = 0.0
-    real = c.groupby("rank")["real_wait"].sum() / pd.Series(steps)
-    units = {("k", int(r), int(row)): float(v) for r, row, v in zip(c["rank"], c["row"], c["real_wait"]) if v > 0}
-    if not units:
-        return []
-    # The slow rank's own idle gaps inside the others' waits are the same lost time: claim them too.
-    g = s_view.gaps
-    if len(g) and len(waits):
-        a = np.sort(waits["abs_ts"].to_numpy() - s_view.trace.meta.t0_epoch_ns / 1000.0)
-        b = np.maximum.accumulate(a + waits["wait"].to_numpy()[np.argsort(waits["abs_ts"].to_numpy())])
-        i = np.searchsorted(a, g["end"].to_numpy(), side="left") - 1  # last window starting before the gap ends
-        overlaps = (i >= 0) & (b[np.maximum(i, 0)] > g["start"].to_numpy())
-        units.update({("gap", slow, int(j)): 0.0 for j in g.index[overlaps]})  # same lost time: claimed, no extra saving
+    real = c.groupby("rank")["real_wait"].sum() / steps.reindex(c["rank"].unique())
+    kernel_units = {int(cast(int, r)): {int(row): float(v) for row, v in zip(g["row"], g["real_wait"]) if v > 0}
+                    for r, g in c.groupby("rank")}
+    kernel_units = {r: u for r, u in kernel_units.items() if u}
+    if not kernel_units:
+        return {}
     ev: dict[str, Any] = {"slow_rank": slow, "waiting_rank": waiting,
                           "waiting_rank_host_blocked_ms_per_step": round(ms(blocked_us), 3),
                           "wait_ms_per_step_traced": {int(cast(int, r)): round(ms(v), 3) for r, v in wait.items()},
@@ -192,34 +249,50 @@ def rank_imbalance(analysis: Analysis) -> list[Candidate]:
                           "estimate": "time ranks spend in collectives waiting for the last rank while their next "
                                       "GPU work was already queued, less the profiler's cost of the slow rank's "
                                       "recorded host events meanwhile"}
-    if not s_view.host_scale_known:
+    if not sp.unprofiled_step_ms:
         ev["note"] = HOST_NOTE
-    ev.update(_meanwhile(analysis, c, slow, waiting))
-    return [Candidate(
+    ev.update(info.get("meanwhile", {}))
+    # The slow rank's own idle gaps inside the others' waits are the same lost time: it claims them.
+    order = np.argsort(waits["abs_ts"].to_numpy())
+    a = waits["abs_ts"].to_numpy()[order] - sp.meta.t0_epoch_ns / 1000.0
+    b = np.maximum.accumulate(a + waits["wait"].to_numpy()[order])
+    priority = max(sum(u.values()) / parts[r].n_steps for r, u in kernel_units.items()) / 1000.0
+    common = dict(
         id="GP-RANK-001", category="rank_imbalance",
         title=f"Rank {slow} is slow: rank {waiting} waits {ms(real[waiting]):.1f} ms per step for it in collectives",
-        confidence=s_view.host_confidence("high"),
+        confidence="high" if sp.unprofiled_step_ms else "low",
         recommendation=f"Find what rank {slow} does that the others do not ({ev.get('slow_rank_doing', 'see evidence')}): "
                        "balance data loading and preprocessing across ranks (DataLoader workers per rank, same "
                        "sequence lengths or length-bucketed batches), keep logging/checkpointing off the step on "
                        "one rank, and check that rank's GPU for throttling.",
-        units=units, evidence=ev)]
+        evidence=ev, priority_ms=priority)
+    out = {r: CrossCandidate(**common, kernel_units=u) for r, u in kernel_units.items()}  # type: ignore[arg-type]
+    out[slow] = CrossCandidate(**common, kernel_units=kernel_units.get(slow, {}),  # type: ignore[arg-type]
+                               zero_gap_windows=(tuple(a.tolist()), tuple(b.tolist())))
+    return out
 
 
 HELD_FRACTION = 0.1  # blocked host time, as a share of the waits, that marks a rank as held up
 
 
-def _runtime_us_per_step(v: RankView) -> float:
-    rt = v.trace.runtime
-    total = float(rt.loc[rt["step"] >= 0, "dur"].sum())
-    return float(total / v.n_steps)
+def slow_detail(r: RankResult, waits: pd.DataFrame, waiting: int) -> dict[str, Any]:
+    """On the slow rank: its recorded host events inside each wait window (rows of ``waits``:
+    abs_ts, wait), and what it did while ``waiting`` waited."""
+    from gpuprof.ranks import event_cost_us
+
+    t = r.trace
+    out: dict[str, Any] = {}
+    if event_cost_us(r)[0] > 0:
+        host = np.sort(pd.concat([t.ops["ts"], t.runtime["ts"]]).to_numpy())
+        a = waits["abs_ts"].to_numpy() - t.meta.t0_epoch_ns / 1000.0
+        out["events"] = (np.searchsorted(host, a + waits["wait"].to_numpy()) - np.searchsorted(host, a)).tolist()
+    out["meanwhile"] = _meanwhile(r, waits[waits["rank"] == waiting])
+    return out
 
 
-def _meanwhile(analysis: Analysis, c: pd.DataFrame, slow: int, waiting: int) -> dict[str, Any]:
-    """What the slow rank did while ``waiting`` waited: its CPU ops and GPU activity, same clock."""
-    res: dict[str, RankResult] = {str(r.trace.meta.rank): r for r in analysis.ranks}
-    s = res[str(slow)].trace
-    w = c[(c["rank"] == waiting) & (c["exposed_wait"] > 0)]
+def _meanwhile(r: RankResult, w: pd.DataFrame) -> dict[str, Any]:
+    """What the slow rank did during the windows ``w`` (abs_ts, wait): its CPU ops and GPU activity."""
+    s = r.trace
     if w.empty:
         return {}
     a = w["abs_ts"].to_numpy() - s.meta.t0_epoch_ns / 1000.0  # window starts on the slow rank's clock
@@ -235,7 +308,7 @@ def _meanwhile(analysis: Analysis, c: pd.DataFrame, slow: int, waiting: int) -> 
             per_op[name] = cov
     cpu_busy = float(_covered(top[["ts", "end"]], a, b).sum())
     doing = ("host work outside any recorded op (Python code such as data loading, logging or a busy loop)"
-             if cpu_busy < 0.5 * total else f"CPU op {max(per_op, key=lambda n: per_op[n])}")
+             if cpu_busy < 0.5 * total or not per_op else f"CPU op {max(per_op, key=lambda n: per_op[n])}")
     return {"slow_rank_doing": doing,
             "slow_rank_during_waits": {
                 "window_ms_per_step": round(ms(total) / max(len(s.steps), 1), 3),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -21,11 +21,11 @@ import pandas as pd
 import gpuprof
 from gpuprof.errors import GpuprofError, TraceError
 from gpuprof.findings import Finding
-from gpuprof.roofline import classify
+from gpuprof.ranks import (Job, RankPart, RankResult, kernel_table, load_rank, load_trace_cached, part_job, part_of,
+                           result_of, with_rank)
 from gpuprof.specs import GpuSpec, resolve
-from gpuprof.timeline import CLASSES, StepSummary, summarize
-from gpuprof.trace.load import load_trace
-from gpuprof.trace.model import RankTrace
+from gpuprof.timeline import CLASSES
+from gpuprof.trace.model import RankTrace, TraceMeta
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
 SCHEMA_VERSION = 1
@@ -65,26 +65,34 @@ def find_traces(paths: Sequence[str | Path]) -> list[Path]:
 
 
 @dataclass(frozen=True)
-class RankResult:
-    trace: RankTrace
-    roofline: pd.DataFrame
-    summary: StepSummary
-    unprofiled_step_ms: float | None = None  # measured without the profiler, when known
-    nvml: pd.DataFrame | None = None  # this rank's GPU samples over the run (in_window marks the profiled steps)
-    nvml_period_s: float = 0.05
-
-
-@dataclass(frozen=True)
 class Analysis:
-    """Everything gpuprof found in a set of traces, as pandas frames, a summary and findings."""
+    """Everything gpuprof found in a set of traces: per-rank summaries (``parts``), the findings,
+    and on demand the full frames (``ranks``, ``kernels``, ``ops``, ...)."""
 
-    ranks: tuple[RankResult, ...]
+    parts: tuple[RankPart, ...]
     spec: GpuSpec | None
     findings: tuple[Finding, ...] = field(default_factory=tuple)
     skipped: tuple[dict[str, str], ...] = field(default_factory=tuple)
     run: dict[str, Any] = field(default_factory=dict)  # the run folder's manifest, when there is one
+    jobs: tuple[Job, ...] = field(default_factory=tuple)  # how to load each rank again, in parts' order
+    results: tuple[RankResult, ...] | None = None  # the ranks' frames, when kept in memory
 
     # --- frames ----------------------------------------------------------------------------
+    @cached_property
+    def ranks(self) -> tuple[RankResult, ...]:
+        """Every rank's frames. Kept in memory for a single trace (or ``keep_traces=True``);
+        otherwise loaded again here, through the parse cache, on first use."""
+        if self.results is not None:
+            return self.results
+        return tuple(load_rank(j, p.nvml, p.nvml_period_s)[0] for j, p in zip(self.jobs, self.parts))
+
+    def one_rank(self, rank: int) -> Analysis:
+        """The analysis of one rank alone, its frames in memory (what per-rank analyzers see)."""
+        i = next(i for i, p in enumerate(self.parts) if p.rank == rank)
+        r = self.ranks[i]
+        return Analysis(parts=(self.parts[i],), spec=self.spec, run=self.run,
+                        jobs=self.jobs[i:i + 1], results=(r,))
+
     @cached_property
     def kernels(self) -> pd.DataFrame:
         """Every kernel instance with its roofline columns and a ``rank`` column."""
@@ -102,110 +110,65 @@ class Analysis:
     @property
     def nvml(self) -> pd.DataFrame:
         """NVML samples of each rank's GPU over the run, ``in_window`` marking the profiled steps."""
-        parts = [r.nvml for r in self.ranks if r.nvml is not None]
+        parts = [p.nvml for p in self.parts if p.nvml is not None]
         return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
     @property
     def nvml_summary(self) -> list[dict[str, Any]]:
         from gpuprof.nvml_data import summarize as nvml_summarize
 
-        return [{"rank": r.trace.meta.rank, "gpu": int(r.nvml["gpu"].iloc[0]) if len(r.nvml) else None,
-                 **nvml_summarize(r.nvml, r.nvml_period_s)} for r in self.ranks if r.nvml is not None]
+        return [{"rank": p.rank, "gpu": int(p.nvml["gpu"].iloc[0]) if len(p.nvml) else None,
+                 **nvml_summarize(p.nvml, p.nvml_period_s)} for p in self.parts if p.nvml is not None]
 
     @property
     def steps(self) -> pd.DataFrame:
         """Per rank and step: window on the GPU timeline and time by class (µs)."""
         parts = []
-        for r in self.ranks:
-            s = r.trace.steps.merge(r.summary.steps, on="step", how="left")
-            parts.append(s.assign(rank=r.trace.meta.rank))
+        for p in self.parts:
+            s = p.steps.merge(p.summary.steps, on="step", how="left")
+            parts.append(s.assign(rank=p.rank))
         return pd.concat(parts, ignore_index=True)
 
     @cached_property
     def kernel_table(self) -> pd.DataFrame:
         """One row per kernel name as the trace spells it, heaviest first, over the profiled steps."""
-        k = self.kernels
-        if k.empty:
-            return pd.DataFrame(columns=["name", "count", "total_us", "flops", "bytes", "achieved_tflops",
-                                         "achieved_gbps", "bound", "roofline_pct", "engine", "math_dtype", "op"])
-        if (k["step"] >= 0).any():
-            k = k[k["step"] >= 0]
-        modelled = np.isfinite(k["t_roof_us"].to_numpy()) & np.isfinite(k["flops"].to_numpy())
-        k = k.assign(
-            name=k["name"].astype(str),
-            m_dur=np.where(modelled, k["dur"], 0.0),
-            m_flops=np.where(modelled, k["flops"], 0.0),
-            m_bytes=np.where(modelled, k["bytes"], 0.0),
-            m_roof=np.where(modelled, k["t_roof_us"], 0.0),
-            modelled=modelled,
-        )
-        g = k.groupby("name", sort=False)
-        first_op = g["op"].first()
-        t = g.agg(count=("dur", "size"), total_us=("dur", "sum"), m_dur=("m_dur", "sum"), flops=("m_flops", "sum"),
-                  bytes=("m_bytes", "sum"), m_roof=("m_roof", "sum"), any_model=("modelled", "any"),
-                  kernel_engine=("engine", "first"), math_dtype=("math_dtype", "first"), op=("op_name", "first"))
-        t = t.rename(columns={"kernel_engine": "engine"})
-        t["shapes"] = self._shapes(k, first_op).reindex(t.index)
-        bound_time = k.groupby(["name", k["bound"].astype(str)])["dur"].sum().unstack(fill_value=0)
-        t["bound"] = bound_time.idxmax(axis=1).reindex(t.index)
-        has = t["any_model"] & (t["m_dur"] > 0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t["achieved_tflops"] = np.where(has, t["flops"] / (t["m_dur"] * 1e-6) / 1e12, np.nan)
-            t["achieved_gbps"] = np.where(has, t["bytes"] / (t["m_dur"] * 1e-6) / 1e9, np.nan)
-            t["roofline_pct"] = np.where(has, 100.0 * t["m_roof"] / t["m_dur"], np.nan)
-        t["flops"] = t["flops"].where(t["any_model"])
-        t["bytes"] = t["bytes"].where(t["any_model"])
-        t = t.reset_index().sort_values("total_us", ascending=False, kind="stable").reset_index(drop=True)
-        return t[["name", "count", "total_us", "flops", "bytes", "achieved_tflops", "achieved_gbps", "bound",
-                  "roofline_pct", "engine", "math_dtype", "op", "shapes"]]
-
-    def _shapes(self, k: pd.DataFrame, first_op: pd.Series) -> pd.Series:
-        """Input shapes of the op that launched each kernel name's first instance (JSON text)."""
-        out = {}
-        by_rank = {r.trace.meta.rank: r.trace.ops for r in self.ranks}
-        rank_of = k.groupby("name", sort=False)["rank"].first().to_dict()
-        for name, row in first_op.items():
-            ops = by_rank.get(int(rank_of[name]))
-            if ops is not None and row >= 0:
-                dims = ops.at[int(row), "input_dims"]
-                out[name] = dims.decode("utf-8", "replace") if isinstance(dims, bytes) else dims
-        return pd.Series(out, dtype=object)
+        return kernel_table([p.kernels for p in self.parts])
 
     # --- summary ---------------------------------------------------------------------------
     @cached_property
     def summary(self) -> dict[str, Any]:
         """Step time, GPU busy %, breakdown and MFU, averaged over ranks (per-rank in ``per_rank``)."""
-        s = [r.summary for r in self.ranks]
+        s = [p.summary for p in self.parts]
         mfus = [x.mfu_pct for x in s if x.mfu_pct is not None]
         keys = (*CLASSES, "idle")
         out: dict[str, Any] = {
-            "steps": int(max(len(r.trace.steps) for r in self.ranks)),
+            "steps": int(max(len(p.steps) for p in self.parts)),
             "step_time_ms": float(np.mean([x.step_time_ms for x in s])),
             "gpu_busy_pct": float(np.mean([x.gpu_busy_pct for x in s])),
             "mfu_pct": float(np.mean(mfus)) if mfus else None,
             "breakdown_pct": {k: float(np.mean([x.breakdown_pct[k] for x in s])) for k in keys},
-            "steps_source": self.ranks[0].trace.meta.steps_source,
+            "steps_source": self.parts[0].meta.steps_source,
             "model_flops_per_step": float(np.mean([x.model_flops_per_step for x in s])),
             "mfu_basis": s[0].mfu_basis,
             "cost_model_coverage_pct": float(np.mean([x.coverage_pct for x in s])),
-            "unprofiled_step_time_ms": self.ranks[0].unprofiled_step_ms,
+            "unprofiled_step_time_ms": self.parts[0].unprofiled_step_ms,
             "mfu_unprofiled_pct": (float(np.mean(mfus)) * float(np.mean([x.step_time_ms for x in s]))
-                                   / self.ranks[0].unprofiled_step_ms
-                                   if mfus and self.ranks[0].unprofiled_step_ms else None),
+                                   / self.parts[0].unprofiled_step_ms
+                                   if mfus and self.parts[0].unprofiled_step_ms else None),
             "gpu_kernel_time_ms": float(np.mean([100.0 - x.breakdown_pct["idle"] for x in s]) / 100.0
                                         * np.mean([x.step_time_ms for x in s])),
         }
         if len(s) > 1:
-            out["per_rank"] = [{"rank": r.trace.meta.rank, "step_time_ms": r.summary.step_time_ms,
-                                "gpu_busy_pct": r.summary.gpu_busy_pct,
-                                "communication_pct": r.summary.breakdown_pct["communication"]} for r in self.ranks]
+            out["per_rank"] = [{"rank": p.rank, "step_time_ms": p.summary.step_time_ms,
+                                "gpu_busy_pct": p.summary.gpu_busy_pct,
+                                "communication_pct": p.summary.breakdown_pct["communication"]} for p in self.parts]
         return out
 
     @property
     def warnings(self) -> list[str]:
         seen: list[str] = []
-        for r in self.ranks:
-            for w in r.trace.meta.warnings:
+        for p in self.parts:
+            for w in p.meta.warnings:
                 if w not in seen:
                     seen.append(w)
         if self.spec is None:
@@ -216,7 +179,7 @@ class Analysis:
     def to_dict(self) -> dict[str, Any]:
         """The JSON report's document (schema_version 1)."""
         spec = self.spec
-        meta = self.ranks[0].trace.meta
+        meta = self.parts[0].meta
         table = self.kernel_table
         kernels = [
             {"name": r["name"], "count": int(r["count"]), "total_us": _f(r["total_us"]), "flops": _f(r["flops"]),
@@ -232,8 +195,8 @@ class Analysis:
         return {
             "schema_version": SCHEMA_VERSION,
             "tool": {"name": "gpuprof", "version": gpuprof.__version__},
-            "source": {"paths": [r.trace.meta.path for r in self.ranks],
-                       "ranks": [r.trace.meta.rank for r in self.ranks],
+            "source": {"paths": [p.meta.path for p in self.parts],
+                       "ranks": [p.rank for p in self.parts],
                        "world_size": meta.world_size, "time_origin": meta.time_origin},
             "gpu": {
                 "name": spec.name if spec else (meta.gpu_name or "unknown"),
@@ -324,16 +287,60 @@ def _clean(d: Any) -> Any:
     return d
 
 
-def _load_one(path: Path, fallback_rank: int, cache: bool) -> RankTrace:
-    from gpuprof.trace import cache as pcache
+class _Exec:
+    """Where per-rank work runs: this process, local worker processes, or a Dask cluster."""
 
-    key = pcache.content_key(path) if cache and path.is_file() else None
-    t = pcache.load(path, key) if key else None
-    if t is None:
-        t = load_trace(path, fallback_rank=fallback_rank)
-        if key:
-            pcache.store(t, key)
-    return t
+    def __init__(self, n: int, workers: int | None, dask: str | None) -> None:
+        self.client: Any = None
+        self.cluster: Any = None
+        self.pool: Any = None
+        if dask:
+            try:
+                from dask.distributed import Client, LocalCluster
+            except ImportError:
+                raise GpuprofError("--dask needs dask.distributed: pip install 'gpuprof[dask]'") from None
+            try:
+                if dask == "local":
+                    self.cluster = LocalCluster(  # type: ignore[no-untyped-call]
+                        n_workers=min(n, workers or os.cpu_count() or 1), threads_per_worker=1, processes=True,
+                        dashboard_address=None)
+                    self.client = Client(self.cluster)  # type: ignore[no-untyped-call]
+                else:
+                    self.client = Client(dask, timeout="10s")  # type: ignore[no-untyped-call]
+            except OSError as e:
+                raise GpuprofError(f"cannot reach the Dask scheduler {dask!r} ({e})") from None
+            return
+        w = min(n, workers or os.cpu_count() or 1)
+        if w > 1:
+            from concurrent.futures import ProcessPoolExecutor
+
+            self.pool = ProcessPoolExecutor(max_workers=w)
+
+    def map(self, fn: Any, *args: Sequence[Any]) -> list[Any]:
+        if self.client is not None:
+            futures = self.client.map(fn, *args, pure=False)
+            return list(self.client.gather(futures))
+        if self.pool is not None:
+            return list(self.pool.map(fn, *args))
+        return list(map(fn, *args))
+
+    def call(self, fn: Any, *args: Any) -> Any:
+        return self.map(fn, *[[a] for a in args])[0]
+
+    def __enter__(self) -> _Exec:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+        if self.client is not None:
+            self.client.close()
+        if self.cluster is not None:
+            self.cluster.close()
+
+
+def _trace_job(job: Job) -> RankTrace:
+    return load_trace_cached(Path(job.path), job.fallback_rank, job.cache)
 
 
 def load_traces(files: Sequence[Path], cache: bool = True, workers: int | None = None,
@@ -342,61 +349,47 @@ def load_traces(files: Sequence[Path], cache: bool = True, workers: int | None =
     parsed in parallel: by up to ``workers`` local processes (default: one per CPU, at most one
     per file; 1 parses in this process), or on a Dask cluster when ``dask`` is a scheduler
     address, or ``"local"`` for a local one (needs ``pip install 'gpuprof[dask]'``)."""
-    n = len(files)
-    if dask:
-        return _load_on_dask(files, cache, dask, workers)
-    workers = min(n, workers or os.cpu_count() or 1)
-    if workers <= 1:
-        return [_load_one(f, i, cache) for i, f in enumerate(files)]
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(_load_one, files, range(n), [cache] * n))
+    jobs = [Job(str(Path(f).resolve()), i, cache) for i, f in enumerate(files)]
+    with _Exec(len(jobs), workers, dask) as ex:
+        return ex.map(_trace_job, jobs)
 
 
-def _load_on_dask(files: Sequence[Path], cache: bool, address: str, workers: int | None) -> list[RankTrace]:
-    try:
-        from dask.distributed import Client, LocalCluster
-    except ImportError:
-        raise GpuprofError("--dask needs dask.distributed: pip install 'gpuprof[dask]'") from None
-    n = len(files)
-    cluster = None
-    try:
-        if address == "local":
-            cluster = LocalCluster(  # type: ignore[no-untyped-call]
-                n_workers=min(n, workers or os.cpu_count() or 1), threads_per_worker=1, processes=True,
-                dashboard_address=None)
-            client = Client(cluster)  # type: ignore[no-untyped-call]
-        else:
-            client = Client(address, timeout="10s")  # type: ignore[no-untyped-call]
-    except OSError as e:
-        raise GpuprofError(f"cannot reach the Dask scheduler {address!r} ({e})") from None
-    try:
-        paths = [str(Path(f).resolve()) for f in files]  # workers may run elsewhere: absolute paths
-        futures = client.map(_load_one_str, paths, range(n), [cache] * n, pure=False)
-        return list(client.gather(futures))  # type: ignore[no-untyped-call]
-    finally:
-        client.close()  # type: ignore[no-untyped-call]
-        if cluster is not None:
-            cluster.close()
+def findings_job(job: Job, part: RankPart, active: Sequence[str], cross: Sequence[Any]) -> list[Any]:
+    """Worker, second pass: load the rank again (parse cache), run the per-rank analyzers named
+    in ``active`` with the rank's share of the cross-rank findings, and return its contributions."""
+    from gpuprof.analyzers import REGISTRY, rank_contributions
+
+    r, spec = load_rank(job, part.nvml, part.nvml_period_s)
+    one = Analysis(parts=(part,), spec=spec, jobs=(job,), results=(r,))
+    out: list[Any] = rank_contributions(one, [a for a in REGISTRY if a.name in active], cross)
+    return out
 
 
-def _load_one_str(path: str, fallback_rank: int, cache: bool) -> RankTrace:
-    return _load_one(Path(path), fallback_rank, cache)
+def slow_job(job: Job, waits: pd.DataFrame, waiting: int) -> dict[str, Any]:
+    from gpuprof.analyzers.distributed import slow_detail
+
+    r, _ = load_rank(job)
+    out: dict[str, Any] = slow_detail(r, waits, waiting)
+    return out
 
 
 def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gpu_spec: str | None = None,
             analyzers: Sequence[str] | None = None, step_ms: float | None = None, cache: bool = True,
-            workers: int | None = None, dask: str | None = None) -> Analysis:
+            workers: int | None = None, dask: str | None = None, keep_traces: bool | None = None) -> Analysis:
     """Load and analyse traces. ``gpu`` overrides the trace's device name (e.g. ``"H100-SXM"``);
     ``gpu_spec`` is a spec file (``gpuprof calibrate`` output); ``analyzers`` restricts which run;
     ``step_ms`` is the step time measured *without* the profiler (from training logs), which
     corrects host-side estimates for the profiler's own host overhead. A run folder from
     ``gpuprof record`` carries it in its manifest (``unprofiled_step_ms``). ``cache`` reads and
-    writes the parse cache (:mod:`gpuprof.trace.cache`); ``workers`` bounds the local processes
-    that parse several rank traces in parallel; ``dask`` parses them on a Dask cluster instead
-    (a scheduler address, or ``"local"``)."""
-    from gpuprof.analyzers import run_analyzers
+    writes the parse cache (:mod:`gpuprof.trace.cache`).
+
+    Several rank traces are worked on in parallel: by up to ``workers`` local processes (default
+    one per CPU; 1 works in this process), or on a Dask cluster (``dask``: a scheduler address,
+    or ``"local"``). Unless ``keep_traces`` (default: only for a single trace), each rank is
+    reduced where it is loaded to a small summary (:mod:`gpuprof.ranks`) and only those cross to
+    this process, so memory here does not grow with the traces; ``Analysis.ranks`` then loads
+    the frames again on first use."""
+    from gpuprof.analyzers import distributed, merge, rank_findings, run_analyzers, select, step_ms_of
 
     seq = [paths] if isinstance(paths, (str, Path)) else list(paths)
     folder, manifest = _manifest(seq)
@@ -405,22 +398,45 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
     if step_ms is not None and not step_ms > 0:
         raise GpuprofError(f"--step-ms must be a positive number of milliseconds, got {step_ms}")
     files = find_traces(seq)
-    traces = load_traces(files, cache=cache, workers=workers, dask=dask)
-    ranks = [t.meta.rank for t in traces]
-    if len(set(ranks)) != len(ranks):  # e.g. several single-GPU traces: keep them apart by order
-        traces = [t if i == 0 else _with_rank(t, i) for i, t in enumerate(traces)]
-    traces.sort(key=lambda t: t.meta.rank)
-    props = [p for t in traces for p in t.meta.device_properties]
-    spec = resolve(props, gpu=gpu, spec_file=gpu_spec)
+    jobs = [Job(str(Path(f).resolve()), i, cache, gpu, gpu_spec, step_ms) for i, f in enumerate(files)]
+    keep = len(jobs) == 1 if keep_traces is None else keep_traces
     samples, period, gpu_of = _run_nvml(folder, manifest)
-    results = []
-    for t in traces:
-        roof = classify(t, spec)
-        results.append(RankResult(t, roof, summarize(t.steps, t.kernels, roof, t.memcpys, spec), step_ms,
-                                  _rank_samples(t, samples, gpu_of), period))
-    base = Analysis(ranks=tuple(results), spec=spec, run=manifest)
-    findings, skipped = run_analyzers(base, only=analyzers)
-    return Analysis(ranks=tuple(results), spec=spec, findings=tuple(findings), skipped=tuple(skipped), run=manifest)
+    with _Exec(len(jobs), workers, dask) as ex:
+        if keep:
+            traces = ex.map(_trace_job, jobs)
+            metas = [t.meta for t in traces]
+        else:
+            firsts = ex.map(part_job, jobs)
+            metas = [p.meta for p, _ in firsts]
+        ranks = [m.rank for m in metas]
+        if len(set(ranks)) != len(ranks):  # e.g. several single-GPU traces: keep them apart by order
+            jobs = [j if i == 0 else replace(j, rank=i) for i, j in enumerate(jobs)]
+            metas = [m if i == 0 else replace(m, rank=i) for i, m in enumerate(metas)]
+        order = sorted(range(len(jobs)), key=lambda i: metas[i].rank)
+        jobs = [jobs[i] for i in order]
+        spec = resolve([d for m in metas for d in m.device_properties], gpu=gpu, spec_file=gpu_spec)
+        if keep:
+            results = []
+            for i in order:
+                t = traces[i] if traces[i].meta.rank == metas[i].rank else with_rank(traces[i], metas[i].rank)
+                results.append(result_of(t, spec, step_ms, _rank_samples(t.meta, t.steps, samples, gpu_of), period))
+            base = Analysis(parts=tuple(part_of(r) for r in results), spec=spec, run=manifest, jobs=tuple(jobs),
+                            results=tuple(results))
+            findings, skipped = run_analyzers(base, only=analyzers)
+            return replace(base, findings=tuple(findings), skipped=tuple(skipped))
+        parts = tuple(replace(firsts[i][0], meta=metas[i], nvml=_rank_samples(metas[i], firsts[i][0].steps, samples,
+                                                                                gpu_of), nvml_period_s=period)
+                      for i in order)
+        active, skipped = select(parts, spec, analyzers)
+        names = [a.name for a in active]
+        job_of = {p.rank: j for p, j in zip(parts, jobs)}
+        cross = distributed.plan(parts, lambda slow, waits, waiting: ex.call(slow_job, job_of[slow], waits, waiting),
+                                 names)
+        contribs = ex.map(findings_job, jobs, parts, [names] * len(parts), [cross.get(p.rank, []) for p in parts])
+    steps, step_ms_by_rank = step_ms_of(parts)
+    findings = rank_findings(merge([c for cs in contribs for c in cs], steps, step_ms_by_rank))
+    return Analysis(parts=parts, spec=spec, findings=tuple(findings), skipped=tuple(skipped), run=manifest,
+                    jobs=tuple(jobs))
 
 
 def _manifest(paths: Sequence[str | Path]) -> tuple[Path | None, dict[str, Any]]:
@@ -452,20 +468,15 @@ def _run_nvml(folder: Path | None, doc: dict[str, Any]) -> tuple[pd.DataFrame | 
     return load_csv(folder / str(nv["path"])), 1.0 / float(nv.get("hz") or 20.0), gpu_of
 
 
-def _rank_samples(t: RankTrace, samples: pd.DataFrame | None, gpu_of: dict[int, int]) -> pd.DataFrame | None:
-    if samples is None or t.steps.empty:
+def _rank_samples(meta: TraceMeta, steps: pd.DataFrame, samples: pd.DataFrame | None,
+                  gpu_of: dict[int, int]) -> pd.DataFrame | None:
+    if samples is None or steps.empty:
         return None
-    gpu = gpu_of.get(t.meta.rank, t.meta.rank)
-    start = t.meta.t0_epoch_ns + int(t.steps["start"].min() * 1000)
-    end = t.meta.t0_epoch_ns + int(t.steps["end"].max() * 1000)
+    gpu = gpu_of.get(meta.rank, meta.rank)
+    start = meta.t0_epoch_ns + int(steps["start"].min() * 1000)
+    end = meta.t0_epoch_ns + int(steps["end"].max() * 1000)
     w = samples[samples["gpu"] == gpu]
-    return w.assign(rank=t.meta.rank, in_window=(w["ts_ns"] >= start) & (w["ts_ns"] <= end))
-
-
-def _with_rank(t: RankTrace, rank: int) -> RankTrace:
-    from dataclasses import replace
-
-    return replace(t, meta=replace(t.meta, rank=rank))
+    return w.assign(rank=meta.rank, in_window=(w["ts_ns"] >= start) & (w["ts_ns"] <= end))
 
 
 __all__ = ["Analysis", "GpuprofError", "RankResult", "analyze", "find_traces"]
