@@ -1,6 +1,7 @@
 """gpuprof vs. Holistic Trace Analysis 0.5.0 on the same trace, side by side, in one run.
 
-gpuprof: `gpuprof report --format json --no-cache` end to end. HTA: load the trace and compute its
+gpuprof: the command `gpuprof report --format json --no-cache` end to end (start-up and imports
+included), then the same with a warm parse cache. HTA: load the trace and compute its
 temporal, idle-time and kernel breakdowns (those that raise are listed, not timed out: HTA 0.5.0's
 temporal breakdown asserts on torch 2.11 traces seen here). Each runs in a fresh process; wall time and peak RSS
 are measured. HTA is a benchmark-only dependency: give the Python of an environment that has it.
@@ -12,20 +13,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-GPUPROF = r"""
-import json, resource, sys, time
+MEASURE = r"""
+import json, resource, subprocess, sys, time
 t = time.perf_counter()
-import gpuprof
-a = gpuprof.analyze(sys.argv[1], cache=False)
-a.to_json()
+r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+if r.returncode:
+    sys.exit(r.stderr)
 print(json.dumps({"seconds": time.perf_counter() - t,
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
 """
 
 HTA = r"""
@@ -45,8 +47,8 @@ print(json.dumps({"seconds": time.perf_counter() - t, "load_seconds": loaded, "f
 """
 
 
-def run(py: str, code: str, arg: str) -> dict[str, float]:
-    r = subprocess.run([py, "-c", code, arg], capture_output=True, text=True)
+def run(py: str, code: str, *args: str, env: dict[str, str] | None = None) -> dict[str, float]:
+    r = subprocess.run([py, "-c", code, *args], capture_output=True, text=True, env=env)
     if r.returncode != 0:
         return {"error": r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}"}
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -58,11 +60,16 @@ def main() -> None:
     p.add_argument("--hta-python", required=True)
     a = p.parse_args()
     mb = Path(a.trace).stat().st_size / 1e6
-    mine = run(sys.executable, GPUPROF, a.trace)
+    cli = [sys.executable, "-m", "gpuprof.cli", "report", a.trace, "--format", "json"]
+    mine = run(sys.executable, MEASURE, *cli, "--no-cache")
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "GPUPROF_CACHE_DIR": cache}
+        run(sys.executable, MEASURE, *cli, env=env)  # fills the cache
+        cached = run(sys.executable, MEASURE, *cli, env=env)
     with tempfile.TemporaryDirectory() as d:  # HTA reads a folder of rank traces
         shutil.copy(a.trace, Path(d) / ("rank0" + "".join(Path(a.trace).suffixes)))
         theirs = run(a.hta_python, HTA, d)
-    print(json.dumps({"trace_mb": round(mb, 1), "gpuprof": mine, "hta": theirs}, indent=1))
+    print(json.dumps({"trace_mb": round(mb, 1), "gpuprof": mine, "gpuprof_cached": cached, "hta": theirs}, indent=1))
     if "seconds" in mine and "seconds" in theirs:
         print(f"gpuprof {mine['seconds']:.1f} s, {mine['peak_rss_mb']:.0f} MB; HTA {theirs['seconds']:.1f} s, "
               f"{theirs['peak_rss_mb']:.0f} MB: {theirs['seconds'] / mine['seconds']:.1f}x faster, "

@@ -24,7 +24,7 @@ import pandas as pd
 import gpuprof
 from gpuprof.trace.model import RankTrace, TraceMeta
 
-FORMAT = 1
+FORMAT = 2
 FRAMES = ("kernels", "memcpys", "ops", "runtime", "annotations", "steps", "collectives")
 
 

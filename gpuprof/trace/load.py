@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import gzip
+import operator
 import re
 import zlib
 from pathlib import Path
@@ -56,7 +57,7 @@ class _Args(msgspec.Struct, omit_defaults=True):
 class _Event(msgspec.Struct):
     ph: Any = None
     cat: Any = None
-    name: Any = ""
+    name: str = ""
     pid: Any = 0
     tid: Any = 0
     ts: Any = None
@@ -65,7 +66,7 @@ class _Event(msgspec.Struct):
 
 
 class _TraceFile(msgspec.Struct):
-    traceEvents: list[_Event] | None = None
+    traceEvents: list[msgspec.Raw] | None = None  # each event's JSON, decoded a chunk at a time
     schemaVersion: Any = None
     deviceProperties: Any = None
     distributedInfo: Any = None
@@ -75,7 +76,12 @@ class _TraceFile(msgspec.Struct):
     with_stack: Any = None
 
 
-_DECODER = msgspec.json.Decoder(_TraceFile | list[_Event])
+_DECODER = msgspec.json.Decoder(_TraceFile | list[msgspec.Raw])
+_CHUNK_DECODER = msgspec.json.Decoder(list[_Event])
+_NAME = operator.attrgetter("name")
+#: Events decoded together: the typed structs of one chunk are all that exists at once, so memory
+#: holds the file, one small object per event and the columns built so far, not every event decoded.
+CHUNK_EVENTS = 8_192
 _RANK_IN_NAME = re.compile(r"(?:rank|_r|-r)[_-]?(\d+)", re.IGNORECASE)
 _COMM_KERNEL = re.compile(r"nccl|rccl|cross_device_reduce|all_?reduce|all_?gather|reduce_?scatter|sendrecv", re.IGNORECASE)
 _MEMCPY_NAME = re.compile(r"^Memcpy (\w+) \((\w+) -> (\w+)\)")
@@ -101,13 +107,13 @@ def read_bytes(path: Path) -> bytes:
     return data
 
 
-def _decode(path: Path, data: bytes) -> _TraceFile:
+def _decode(path: Path, data: bytes, decoder: Any = _DECODER) -> Any:
     if not data.strip():
         raise TraceError("empty file", str(path))
     gc_was_on = gc.isenabled()
     gc.disable()  # millions of small acyclic objects: collection passes would only cost time
     try:
-        doc = _DECODER.decode(data)
+        doc = decoder.decode(data)
     except msgspec.DecodeError as e:
         msg = str(e)
         if "truncated" in msg.lower():
@@ -116,6 +122,8 @@ def _decode(path: Path, data: bytes) -> _TraceFile:
     finally:
         if gc_was_on:
             gc.enable()
+    if decoder is not _DECODER:
+        return doc
     if isinstance(doc, list):  # a bare chrome-trace event array
         doc = _TraceFile(traceEvents=doc)
     if doc.traceEvents is None:
@@ -125,11 +133,17 @@ def _decode(path: Path, data: bytes) -> _TraceFile:
 
 def _num(values: list[Any], dtype: str = "float64") -> np.ndarray:
     """Column of numbers; anything not a number (None, strings) becomes NaN/-1."""
+    try:  # fast path: numbers and None (NaN) convert in C
+        a = np.array(values, dtype=np.float64)
+        if a.ndim != 1:
+            raise ValueError
+    except (TypeError, ValueError):
+        a = np.fromiter((v if type(v) in (int, float) else np.nan for v in values), dtype=np.float64,
+                        count=len(values))
     if dtype == "int64":
-        return np.fromiter((v if type(v) is int else -1 for v in values), dtype=np.int64, count=len(values))
-    return np.fromiter(
-        (v if type(v) in (int, float) else np.nan for v in values), dtype=np.float64, count=len(values)
-    )
+        ok = np.isfinite(a) & (a == np.floor(a))
+        return np.where(ok, a, -1.0).astype(np.int64)
+    return a
 
 
 def _raw_text(raw: msgspec.Raw) -> bytes | None:
@@ -148,6 +162,12 @@ def parse_arg(text: bytes | str | None) -> Any:
 
 
 def _xyz(values: list[Any]) -> np.ndarray:
+    try:  # fast path: every value an [x, y, z] of ints
+        out = np.array(values, dtype=np.int64)
+        if out.shape == (len(values), 3):
+            return out
+    except (TypeError, ValueError, OverflowError):
+        pass
     out = np.full((len(values), 3), -1, dtype=np.int64)
     ok = [i for i, v in enumerate(values) if isinstance(v, list) and len(v) == 3 and all(type(x) is int for x in v)]
     if ok:
@@ -155,16 +175,16 @@ def _xyz(values: list[Any]) -> np.ndarray:
     return out
 
 
-def _base(evs: list[_Event], t_origin: float) -> dict[str, Any]:
-    ts = _num([e.ts for e in evs])
+def _base(evs: list[_Event], names: dict[str, int]) -> dict[str, Any]:
+    """Name (as a code into ``names``, the bucket's distinct names in order of appearance), ts
+    and dur of a chunk's events; times stay absolute until every chunk is read (``_finish``
+    moves them to the trace's origin)."""
     dur = _num([e.dur for e in evs])
-    dur = np.where(np.isfinite(dur) & (dur > 0), dur, 0.0)
-    ts = ts - t_origin
     return {
-        "name": pd.Categorical([e.name if isinstance(e.name, str) else str(e.name) for e in evs]),
-        "ts": ts,
-        "dur": dur,
-        "end": ts + dur,
+        "name": np.fromiter((names[n] if n in names else names.setdefault(n, len(names)) for n in map(_NAME, evs)),
+                            dtype=np.int32, count=len(evs)),
+        "ts": _num([e.ts for e in evs]),
+        "dur": np.where(np.isfinite(dur) & (dur > 0), dur, 0.0),
     }
 
 
@@ -173,102 +193,146 @@ def _args(evs: list[_Event]) -> list[_Args]:
     return [e.args or empty for e in evs]
 
 
-def _gpu_frame(evs: list[_Event], t_origin: float) -> pd.DataFrame:
-    a = _args(evs)
-    cols = _base(evs, t_origin)
-    cols.update(
-        device=_num([x.device for x in a], "int64"),
-        stream=_num([x.stream for x in a], "int64"),
-        correlation=_num([x.correlation for x in a], "int64"),
-        external_id=_num([x.external_id for x in a], "int64"),
-    )
-    # GPU events on pid = device when args lack it (older traces)
-    pid = _num([e.pid for e in evs], "int64")
-    cols["device"] = np.where(cols["device"] >= 0, cols["device"], pid)
-    return pd.DataFrame(cols)
+def _strs(values: list[Any], names: dict[Any, Any], as_str: bool = False) -> list[Any]:
+    """Strings of a low-cardinality column, each distinct one stored once; others become None."""
+    if as_str:
+        return [None if v is None else names.setdefault(str(v), str(v)) for v in values]
+    return [names.setdefault(v, v) if isinstance(v, str) else None for v in values]
 
 
-def _kernels(evs: list[_Event], t_origin: float) -> pd.DataFrame:
-    df = _gpu_frame(evs, t_origin)
+def _raws(values: list[msgspec.Raw], seen: dict[bytes, bytes | None]) -> list[bytes | None]:
+    """Raw JSON arguments copied out of the file's buffer (so it can be freed), each distinct
+    text stored once (shapes repeat from step to step); absent ones (empty) are None."""
+    seen.setdefault(b"", None)
+    copies = list(map(bytes, values))
+    return list(map(seen.setdefault, copies, copies))
+
+
+def _kernel_cols(evs: list[_Event], names: dict[str, int]) -> dict[str, Any]:
     a = _args(evs)
+    cols = _base(evs, names)
+    cols.update(_gpu_cols(evs, a))
     grid, block = _xyz([x.grid for x in a]), _xyz([x.block for x in a])
     for i, axis in enumerate("xyz"):
-        df[f"grid_{axis}"] = grid[:, i]
-        df[f"block_{axis}"] = block[:, i]
-    df["blocks"] = np.where(grid.min(axis=1) > 0, grid.prod(axis=1), -1)
-    df["threads_per_block"] = np.where(block.min(axis=1) > 0, block.prod(axis=1), -1)
-    df["registers"] = _num([x.registers for x in a], "int64")
-    df["shared_mem"] = _num([x.shared_memory for x in a], "int64")
+        cols[f"grid_{axis}"] = grid[:, i]
+        cols[f"block_{axis}"] = block[:, i]
+    cols["blocks"] = np.where(grid.min(axis=1) > 0, grid.prod(axis=1), -1)
+    cols["threads_per_block"] = np.where(block.min(axis=1) > 0, block.prod(axis=1), -1)
+    cols["registers"] = _num([x.registers for x in a], "int64")
+    cols["shared_mem"] = _num([x.shared_memory for x in a], "int64")
     occ = _num([x.occupancy for x in a])
-    df["occupancy"] = np.where(occ > 0, occ, np.nan)  # 0 means "not computed" (cluster launches)
-    names = df["name"].cat.categories
-    comm_cats = np.fromiter((bool(_COMM_KERNEL.search(n)) for n in names), dtype=bool, count=len(names))
-    codes = df["name"].cat.codes.to_numpy()
-    df["is_comm"] = comm_cats[codes] if len(names) else np.zeros(len(df), dtype=bool)
-    df["collective"] = pd.Categorical([x.collective_name if isinstance(x.collective_name, str) else None for x in a])
-    df["coll_dtype"] = pd.Categorical([x.dtype if isinstance(x.dtype, str) else None for x in a])
-    df["in_nelems"] = _num([x.in_msg_nelems for x in a])
-    df["out_nelems"] = _num([x.out_msg_nelems for x in a])
-    df["group_size"] = _num([x.group_size for x in a], "int64")
-    df["process_group"] = pd.Categorical(
-        [str(x.pg_name) if x.pg_name is not None else (str(x.pg_id) if x.pg_id is not None else None) for x in a]
-    )
-    return df
+    cols["occupancy"] = np.where(occ > 0, occ, np.nan)  # 0 means "not computed" (cluster launches)
+    strs: dict[Any, Any] = {}
+    cols["collective"] = _strs([x.collective_name for x in a], strs)
+    cols["coll_dtype"] = _strs([x.dtype for x in a], strs)
+    cols["in_nelems"] = _num([x.in_msg_nelems for x in a])
+    cols["out_nelems"] = _num([x.out_msg_nelems for x in a])
+    cols["group_size"] = _num([x.group_size for x in a], "int64")
+    cols["process_group"] = _strs([x.pg_name if x.pg_name is not None else x.pg_id for x in a], strs, as_str=True)
+    return cols
 
 
-def _memcpys(evs: list[_Event], t_origin: float) -> pd.DataFrame:
-    df = _gpu_frame(evs, t_origin)
-    df["bytes"] = _num([x.bytes for x in _args(evs)])
-    names = df["name"].cat.categories
-    parsed = [_MEMCPY_NAME.match(n) for n in names]
-    codes = df["name"].cat.codes.to_numpy()
-
-    def col(i: int, memset: str) -> pd.Categorical:
-        per_name = np.array([m.group(i) if m else (memset if n.startswith("Memset") else "Unknown")
-                             for m, n in zip(parsed, names)], dtype=object)
-        return pd.Categorical(per_name[codes] if len(names) else [])
-
-    df["kind"] = col(1, "Memset")
-    df["src"] = col(2, "Device")
-    df["dst"] = col(3, "Device")
-    return df
+def _gpu_cols(evs: list[_Event], a: list[_Args]) -> dict[str, Any]:
+    device = _num([x.device for x in a], "int64")
+    pid = _num([e.pid for e in evs], "int64")
+    return {
+        "device": np.where(device >= 0, device, pid),  # GPU events on pid = device when args lack it (older traces)
+        "stream": _num([x.stream for x in a], "int64"),
+        "correlation": _num([x.correlation for x in a], "int64"),
+        "external_id": _num([x.external_id for x in a], "int64"),
+    }
 
 
-def _ops(evs: list[_Event], t_origin: float) -> pd.DataFrame:
+def _memcpy_cols(evs: list[_Event], names: dict[str, int]) -> dict[str, Any]:
     a = _args(evs)
-    df = pd.DataFrame(_base(evs, t_origin))
-    df["pid"] = _num([e.pid for e in evs], "int64")
-    df["tid"] = _num([e.tid for e in evs], "int64")
-    df["external_id"] = _num([x.external_id for x in a], "int64")
-    df["sequence_number"] = _num([x.sequence_number for x in a], "int64")
-    df["fwd_thread_id"] = _num([x.fwd_thread_id for x in a], "int64")
+    cols = _base(evs, names)
+    cols.update(_gpu_cols(evs, a))
+    cols["bytes"] = _num([x.bytes for x in a])
+    return cols
+
+
+def _op_cols(evs: list[_Event], names: dict[str, int], seen: dict[bytes, bytes | None]) -> dict[str, Any]:
+    a = _args(evs)
+    cols = _base(evs, names)
+    cols["pid"] = _num([e.pid for e in evs], "int64")
+    cols["tid"] = _num([e.tid for e in evs], "int64")
+    cols["external_id"] = _num([x.external_id for x in a], "int64")
+    cols["sequence_number"] = _num([x.sequence_number for x in a], "int64")
+    cols["fwd_thread_id"] = _num([x.fwd_thread_id for x in a], "int64")
     for col, field in (("input_dims", "input_dims"), ("input_types", "input_type"),
                        ("input_strides", "input_strides"), ("concrete_inputs", "concrete_inputs")):
-        df[col] = pd.Series([_raw_text(getattr(x, field)) for x in a], dtype=object)
-    return df
+        cols[col] = _raws(list(map(operator.attrgetter(field), a)), seen)
+    return cols
 
 
-def _runtime(evs: list[_Event], apis: list[str], t_origin: float) -> pd.DataFrame:
+def _runtime_cols(evs: list[_Event], names: dict[str, int]) -> dict[str, Any]:
     a = _args(evs)
-    df = pd.DataFrame(_base(evs, t_origin))
-    df["api"] = pd.Categorical(apis)
-    df["pid"] = _num([e.pid for e in evs], "int64")
-    df["tid"] = _num([e.tid for e in evs], "int64")
-    df["correlation"] = _num([x.correlation for x in a], "int64")
-    df["external_id"] = _num([x.external_id for x in a], "int64")
-    return df
+    cols = _base(evs, names)
+    cols["api"] = ["driver" if e.cat == "cuda_driver" else "runtime" for e in evs]
+    cols["pid"] = _num([e.pid for e in evs], "int64")
+    cols["tid"] = _num([e.tid for e in evs], "int64")
+    cols["correlation"] = _num([x.correlation for x in a], "int64")
+    cols["external_id"] = _num([x.external_id for x in a], "int64")
+    return cols
 
 
-def _annotations(evs: list[_Event], on_gpu: list[bool], t_origin: float) -> pd.DataFrame:
+def _annotation_cols(evs: list[_Event], names: dict[str, int]) -> dict[str, Any]:
     a = _args(evs)
-    df = pd.DataFrame(_base(evs, t_origin))
-    df["pid"] = _num([e.pid for e in evs], "int64")
-    df["tid"] = _num([e.tid for e in evs], "int64")
-    df["on_gpu"] = np.array(on_gpu, dtype=bool)
-    df["device"] = _num([x.device for x in a], "int64")
-    df["stream"] = _num([x.stream for x in a], "int64")
-    df["external_id"] = _num([x.external_id for x in a], "int64")
+    cols = _base(evs, names)
+    cols["pid"] = _num([e.pid for e in evs], "int64")
+    cols["tid"] = _num([e.tid for e in evs], "int64")
+    cols["on_gpu"] = np.array([e.cat == "gpu_user_annotation" for e in evs], dtype=bool)
+    cols["device"] = _num([x.device for x in a], "int64")
+    cols["stream"] = _num([x.stream for x in a], "int64")
+    cols["external_id"] = _num([x.external_id for x in a], "int64")
+    return cols
+
+
+#: Columns stored as categoricals, per bucket (besides ``name``).
+_CATEGORICAL = {"kernels": ("collective", "coll_dtype", "process_group"), "runtime": ("api",)}
+
+
+def _frame(chunks: list[dict[str, Any]], bucket: str, t_origin: float, names: dict[str, int]) -> pd.DataFrame:
+    """One bucket's chunks as a frame: times relative to ``t_origin``, names categorical."""
+    if not chunks:  # the columns of no events
+        chunks = [_op_cols([], {}, {}) if bucket == "ops" else _BUILDERS[bucket]([], {})]
+    cols: dict[str, Any] = {}
+    for c in chunks[0]:
+        parts = [ch[c] for ch in chunks]
+        if isinstance(parts[0], np.ndarray):
+            cols[c] = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        else:
+            cols[c] = [v for part in parts for v in part]
+    chunks.clear()
+    cols["name"] = pd.Categorical.from_codes(cols["name"], categories=pd.Index(list(names), dtype=object))
+    for c in _CATEGORICAL.get(bucket, ()):
+        cols[c] = pd.Categorical(cols[c])
+    for c in ("input_dims", "input_types", "input_strides", "concrete_inputs"):
+        if c in cols:
+            cols[c] = pd.Series(cols[c], dtype=object)
+    return _finish(pd.DataFrame(cols), bucket, t_origin)
+
+
+def _finish(df: pd.DataFrame, bucket: str, t_origin: float) -> pd.DataFrame:
+    df["ts"] = df["ts"] - t_origin
+    df.insert(list(df.columns).index("dur") + 1, "end", df["ts"] + df["dur"])
+    names: list[str] = list(df["name"].cat.categories)
+    codes = df["name"].cat.codes.to_numpy()
+    if bucket == "kernels":
+        comm = np.fromiter((bool(_COMM_KERNEL.search(n)) for n in names), dtype=bool, count=len(names))
+        df.insert(list(df.columns).index("occupancy") + 1, "is_comm",
+                  comm[codes] if len(names) else np.zeros(len(df), dtype=bool))
+    if bucket == "memcpys":
+        parsed = [_MEMCPY_NAME.match(n) for n in names]
+        for i, (col, memset) in enumerate((("kind", "Memset"), ("src", "Device"), ("dst", "Device")), start=1):
+            per_name = np.array([m.group(i) if m else (memset if n.startswith("Memset") else "Unknown")
+                                 for m, n in zip(parsed, names)], dtype=object)
+            df[col] = pd.Categorical(per_name[codes] if len(names) else [])
     return df
+
+
+_BUILDERS: dict[str, Any] = {"kernels": _kernel_cols, "memcpys": _memcpy_cols, "runtime": _runtime_cols,
+                             "annotations": _annotation_cols}
 
 
 _BUCKETS = {
@@ -296,27 +360,46 @@ def _rank_of(doc: _TraceFile, path: Path, fallback: int) -> tuple[int, int]:
 
 def load_trace(path: str | Path, fallback_rank: int = 0) -> RankTrace:
     """Load one Kineto trace file into a :class:`RankTrace`; raises :class:`TraceError` on bad input."""
-    p = Path(path)
-    doc = _decode(p, read_bytes(p))
-    events = doc.traceEvents or []
-    buckets: dict[str, list[_Event]] = {b: [] for b in set(_BUCKETS.values())}
-    apis: list[str] = []
-    on_gpu: list[bool] = []
+    gc_was_on = gc.isenabled()
+    gc.disable()  # millions of small acyclic objects: collection passes would only cost time
+    try:
+        return _load(Path(path), fallback_rank)
+    finally:
+        if gc_was_on:
+            gc.enable()
+
+
+def _load(p: Path, fallback_rank: int) -> RankTrace:
+    data = read_bytes(p)
+    doc = _decode(p, data)
+    events: list[msgspec.Raw] = doc.traceEvents or []
+    n_events = len(events)
+    chunks: dict[str, list[dict[str, Any]]] = {b: [] for b in set(_BUCKETS.values())}
+    names: dict[str, dict[str, int]] = {b: {} for b in chunks}  # per bucket: name -> code
+    seen: dict[bytes, bytes | None] = {}
+    get = _BUCKETS.get
+    for i in range(0, n_events, CHUNK_EVENTS):
+        evs = _decode(p, b"[" + b",".join(events[i:i + CHUNK_EVENTS]) + b"]", _CHUNK_DECODER)
+        buckets: dict[str, list[_Event]] = {b: [] for b in chunks}
+        for e in evs:
+            if e.ph == "X":
+                b = get(e.cat)
+                if b is not None:
+                    buckets[b].append(e)
+        for b, bevs in buckets.items():
+            if bevs:
+                chunks[b].append(_op_cols(bevs, names[b], seen) if b == "ops" else _BUILDERS[b](bevs, names[b]))
+        del evs, buckets
+    del events, data  # the file's buffer: every column now holds its own copies
     first_ts = np.inf
-    for e in events:
-        if e.ph != "X":
-            continue
-        b = _BUCKETS.get(e.cat)
-        if b is None:
-            continue
-        if not isinstance(e.ts, (int, float)):
-            raise TraceError(f"a {e.cat} event has a non-numeric 'ts' ({e.ts!r})", str(p))
-        first_ts = min(first_ts, e.ts)
-        buckets[b].append(e)
-        if b == "runtime":
-            apis.append("driver" if e.cat == "cuda_driver" else "runtime")
-        elif b == "annotations":
-            on_gpu.append(e.cat == "gpu_user_annotation")
+    for b, cs in chunks.items():
+        for c in cs:
+            bad = np.flatnonzero(np.isnan(c["ts"]))
+            if len(bad):
+                name = list(names[b])[c["name"][bad[0]]]
+                raise TraceError(f"a {b} event ({name!r}) has a non-numeric 'ts'", str(p))
+            if len(c["ts"]):
+                first_ts = min(first_ts, float(c["ts"].min()))
     if not np.isfinite(first_ts):
         raise TraceError("empty trace: no CPU ops, kernels or annotations (was the profiler ever active?)", str(p))
 
@@ -326,11 +409,11 @@ def load_trace(path: str | Path, fallback_rank: int = 0) -> RankTrace:
     else:
         t0_epoch_ns, origin = int(round(first_ts * 1000.0)), "absolute-us"
 
-    kernels = _kernels(buckets["kernels"], first_ts)
-    memcpys = _memcpys(buckets["memcpys"], first_ts)
-    ops = _ops(buckets["ops"], first_ts)
-    runtime = _runtime(buckets["runtime"], apis, first_ts)
-    annotations = _annotations(buckets["annotations"], on_gpu, first_ts)
+    kernels = _frame(chunks["kernels"], "kernels", first_ts, names["kernels"])
+    memcpys = _frame(chunks["memcpys"], "memcpys", first_ts, names["memcpys"])
+    ops = _frame(chunks["ops"], "ops", first_ts, names["ops"])
+    runtime = _frame(chunks["runtime"], "runtime", first_ts, names["runtime"])
+    annotations = _frame(chunks["annotations"], "annotations", first_ts, names["annotations"])
 
     warnings: list[str] = []
     if len(kernels) + len(memcpys) == 0:
@@ -347,6 +430,6 @@ def load_trace(path: str | Path, fallback_rank: int = 0) -> RankTrace:
         t0_epoch_ns=t0_epoch_ns, time_origin=origin, schema_version=doc.schemaVersion,
         trace_name=doc.traceName if isinstance(doc.traceName, str) else None,
         record_shapes=bool(doc.record_shapes) or has_shapes, with_stack=bool(doc.with_stack),
-        events=len(events),
+        events=n_events,
     )
     return attach_links(kernels, memcpys, ops, runtime, annotations, meta_kwargs, warnings)
