@@ -126,41 +126,58 @@ def analysis_step_ms(r: RankResult) -> float | None:
     return float(v) if v else None
 
 
+_GAP_COLUMNS = ["step", "start", "end", "dur", "prev_kind", "prev_row", "next_kind", "next_row", "next_launch_ts",
+                "next_op"]
+
+
 def gaps(r: RankResult) -> pd.DataFrame:
     """Idle intervals of the GPU inside step windows, with what ended the gap.
 
     Columns: step, start, end, dur, prev_kind/prev_row (what ran last before the gap),
     next_kind (kernel/memcpy), next_row, next_launch_ts, next_op (row of ops or -1).
+    Vectorised over all steps at once: each activity is listed once per step window it overlaps.
     """
     t = r.trace
     acts = pd.concat([
         t.kernels[["ts", "end", "launch_ts", "op"]].assign(kind="kernel", row=t.kernels.index),
         t.memcpys[["ts", "end", "launch_ts", "op"]].assign(kind="memcpy", row=t.memcpys.index),
     ], ignore_index=True).sort_values("ts", kind="stable").reset_index(drop=True)
-    rows = []
-    for st in t.steps.itertuples():  # few steps; vectorised inside
-        a = acts[(acts["end"] > st.start) & (acts["ts"] < st.end)]
-        if a.empty:
-            continue
-        ends = a["end"].to_numpy()
-        busy_until = np.maximum.accumulate(np.r_[st.start, ends])[:-1]
-        # the activity that ended last before each gap
-        last = np.r_[-1, np.maximum.accumulate(np.where(ends == np.maximum.accumulate(ends), np.arange(len(a)), -1))][:-1]
-        idle = a["ts"].to_numpy() - busy_until
-        keep = idle > 0
-        prev = np.where(last >= 0, last, 0)
-        rows.append(pd.DataFrame({
-            "step": st.step, "start": busy_until[keep], "end": a["ts"].to_numpy()[keep], "dur": idle[keep],
-            "prev_kind": np.where(last >= 0, a["kind"].to_numpy()[prev], np.full(len(last), None, dtype=object))[keep],
-            "prev_row": np.where(last >= 0, a["row"].to_numpy()[prev], -1)[keep],
-            "next_kind": a["kind"].to_numpy()[keep], "next_row": a["row"].to_numpy()[keep],
-            "next_launch_ts": a["launch_ts"].to_numpy()[keep], "next_op": a["op"].to_numpy()[keep],
-        }))
-    if not rows:
-        return pd.DataFrame(columns=["step", "start", "end", "dur", "prev_kind", "prev_row", "next_kind", "next_row",
-                                     "next_launch_ts", "next_op"])
-    out = pd.concat(rows, ignore_index=True)
-    return out
+    steps = t.steps.sort_values("start", kind="stable")
+    st_start, st_end, st_no = (steps["start"].to_numpy(), steps["end"].to_numpy(), steps["step"].to_numpy())
+    if acts.empty or steps.empty or (np.diff(st_end) < 0).any():
+        return pd.DataFrame(columns=_GAP_COLUMNS)
+    ts, en = acts["ts"].to_numpy(), acts["end"].to_numpy()
+    lo = np.searchsorted(st_end, ts, side="right")  # first step ending after the activity starts
+    hi = np.searchsorted(st_start, en, side="left")  # steps starting before it ends: [lo, hi)
+    cnt = np.maximum(hi - lo, 0)
+    act = np.repeat(np.arange(len(acts)), cnt)
+    step_i = np.repeat(lo, cnt) + (np.arange(cnt.sum()) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+    order = np.lexsort((act, step_i))
+    act, step_i = act[order], step_i[order]
+    if not len(act):
+        return pd.DataFrame(columns=_GAP_COLUMNS)
+    first = np.r_[True, step_i[1:] != step_i[:-1]]
+    grp = np.cumsum(first) - 1
+    ends = en[act]
+    run_max = pd.Series(ends).groupby(grp).cummax().to_numpy()
+    prev_max = np.where(first, -np.inf, np.r_[-np.inf, run_max[:-1]])
+    busy_until = np.maximum(prev_max, st_start[step_i])
+    # the activity that ended last before each one: the latest to set its step's running maximum
+    pos = np.arange(len(act))
+    setter = pd.Series(np.where(ends == run_max, pos, -1)).groupby(grp).cummax().to_numpy()
+    last = np.where(first, -1, np.r_[-1, setter[:-1]])
+    idle = ts[act] - busy_until
+    keep = idle > 0
+    prev_act = act[np.maximum(last, 0)]
+    kind, row = acts["kind"].to_numpy(), acts["row"].to_numpy()
+    has_prev = last >= 0
+    return pd.DataFrame({
+        "step": st_no[step_i][keep], "start": busy_until[keep], "end": ts[act][keep], "dur": idle[keep],
+        "prev_kind": np.where(has_prev, kind[prev_act], None)[keep],
+        "prev_row": np.where(has_prev, row[prev_act], -1)[keep],
+        "next_kind": kind[act][keep], "next_row": row[act][keep],
+        "next_launch_ts": acts["launch_ts"].to_numpy()[act][keep], "next_op": acts["op"].to_numpy()[act][keep],
+    })
 
 
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",

@@ -179,13 +179,18 @@ def _base(evs: list[_Event], names: dict[str, int]) -> dict[str, Any]:
     """Name (as a code into ``names``, the bucket's distinct names in order of appearance), ts
     and dur of a chunk's events; times stay absolute until every chunk is read (``_finish``
     moves them to the trace's origin)."""
-    dur = _num([e.dur for e in evs])
+    dur = _num(_col(evs, "dur"))
     return {
         "name": np.fromiter((names[n] if n in names else names.setdefault(n, len(names)) for n in map(_NAME, evs)),
                             dtype=np.int32, count=len(evs)),
-        "ts": _num([e.ts for e in evs]),
+        "ts": _num(_col(evs, "ts")),
         "dur": np.where(np.isfinite(dur) & (dur > 0), dur, 0.0),
     }
+
+
+def _col(objs: list[Any], field: str) -> list[Any]:
+    """One attribute of every struct (a C-level pass)."""
+    return list(map(operator.attrgetter(field), objs))
 
 
 def _args(evs: list[_Event]) -> list[_Args]:
@@ -212,34 +217,34 @@ def _kernel_cols(evs: list[_Event], names: dict[str, int]) -> dict[str, Any]:
     a = _args(evs)
     cols = _base(evs, names)
     cols.update(_gpu_cols(evs, a))
-    grid, block = _xyz([x.grid for x in a]), _xyz([x.block for x in a])
+    grid, block = _xyz(_col(a, "grid")), _xyz(_col(a, "block"))
     for i, axis in enumerate("xyz"):
         cols[f"grid_{axis}"] = grid[:, i]
         cols[f"block_{axis}"] = block[:, i]
     cols["blocks"] = np.where(grid.min(axis=1) > 0, grid.prod(axis=1), -1)
     cols["threads_per_block"] = np.where(block.min(axis=1) > 0, block.prod(axis=1), -1)
-    cols["registers"] = _num([x.registers for x in a], "int64")
-    cols["shared_mem"] = _num([x.shared_memory for x in a], "int64")
-    occ = _num([x.occupancy for x in a])
+    cols["registers"] = _num(_col(a, "registers"), "int64")
+    cols["shared_mem"] = _num(_col(a, "shared_memory"), "int64")
+    occ = _num(_col(a, "occupancy"))
     cols["occupancy"] = np.where(occ > 0, occ, np.nan)  # 0 means "not computed" (cluster launches)
     strs: dict[Any, Any] = {}
-    cols["collective"] = _strs([x.collective_name for x in a], strs)
-    cols["coll_dtype"] = _strs([x.dtype for x in a], strs)
-    cols["in_nelems"] = _num([x.in_msg_nelems for x in a])
-    cols["out_nelems"] = _num([x.out_msg_nelems for x in a])
-    cols["group_size"] = _num([x.group_size for x in a], "int64")
+    cols["collective"] = _strs(_col(a, "collective_name"), strs)
+    cols["coll_dtype"] = _strs(_col(a, "dtype"), strs)
+    cols["in_nelems"] = _num(_col(a, "in_msg_nelems"))
+    cols["out_nelems"] = _num(_col(a, "out_msg_nelems"))
+    cols["group_size"] = _num(_col(a, "group_size"), "int64")
     cols["process_group"] = _strs([x.pg_name if x.pg_name is not None else x.pg_id for x in a], strs, as_str=True)
     return cols
 
 
 def _gpu_cols(evs: list[_Event], a: list[_Args]) -> dict[str, Any]:
-    device = _num([x.device for x in a], "int64")
-    pid = _num([e.pid for e in evs], "int64")
+    device = _num(_col(a, "device"), "int64")
+    pid = _num(_col(evs, "pid"), "int64")
     return {
         "device": np.where(device >= 0, device, pid),  # GPU events on pid = device when args lack it (older traces)
-        "stream": _num([x.stream for x in a], "int64"),
-        "correlation": _num([x.correlation for x in a], "int64"),
-        "external_id": _num([x.external_id for x in a], "int64"),
+        "stream": _num(_col(a, "stream"), "int64"),
+        "correlation": _num(_col(a, "correlation"), "int64"),
+        "external_id": _num(_col(a, "external_id"), "int64"),
     }
 
 
@@ -247,18 +252,18 @@ def _memcpy_cols(evs: list[_Event], names: dict[str, int]) -> dict[str, Any]:
     a = _args(evs)
     cols = _base(evs, names)
     cols.update(_gpu_cols(evs, a))
-    cols["bytes"] = _num([x.bytes for x in a])
+    cols["bytes"] = _num(_col(a, "bytes"))
     return cols
 
 
 def _op_cols(evs: list[_Event], names: dict[str, int], seen: dict[bytes, bytes | None]) -> dict[str, Any]:
     a = _args(evs)
     cols = _base(evs, names)
-    cols["pid"] = _num([e.pid for e in evs], "int64")
-    cols["tid"] = _num([e.tid for e in evs], "int64")
-    cols["external_id"] = _num([x.external_id for x in a], "int64")
-    cols["sequence_number"] = _num([x.sequence_number for x in a], "int64")
-    cols["fwd_thread_id"] = _num([x.fwd_thread_id for x in a], "int64")
+    cols["pid"] = _num(_col(evs, "pid"), "int64")
+    cols["tid"] = _num(_col(evs, "tid"), "int64")
+    cols["external_id"] = _num(_col(a, "external_id"), "int64")
+    cols["sequence_number"] = _num(_col(a, "sequence_number"), "int64")
+    cols["fwd_thread_id"] = _num(_col(a, "fwd_thread_id"), "int64")
     for col, field in (("input_dims", "input_dims"), ("input_types", "input_type"),
                        ("input_strides", "input_strides"), ("concrete_inputs", "concrete_inputs")):
         cols[col] = _raws(list(map(operator.attrgetter(field), a)), seen)
@@ -269,22 +274,22 @@ def _runtime_cols(evs: list[_Event], names: dict[str, int]) -> dict[str, Any]:
     a = _args(evs)
     cols = _base(evs, names)
     cols["api"] = ["driver" if e.cat == "cuda_driver" else "runtime" for e in evs]
-    cols["pid"] = _num([e.pid for e in evs], "int64")
-    cols["tid"] = _num([e.tid for e in evs], "int64")
-    cols["correlation"] = _num([x.correlation for x in a], "int64")
-    cols["external_id"] = _num([x.external_id for x in a], "int64")
+    cols["pid"] = _num(_col(evs, "pid"), "int64")
+    cols["tid"] = _num(_col(evs, "tid"), "int64")
+    cols["correlation"] = _num(_col(a, "correlation"), "int64")
+    cols["external_id"] = _num(_col(a, "external_id"), "int64")
     return cols
 
 
 def _annotation_cols(evs: list[_Event], names: dict[str, int]) -> dict[str, Any]:
     a = _args(evs)
     cols = _base(evs, names)
-    cols["pid"] = _num([e.pid for e in evs], "int64")
-    cols["tid"] = _num([e.tid for e in evs], "int64")
+    cols["pid"] = _num(_col(evs, "pid"), "int64")
+    cols["tid"] = _num(_col(evs, "tid"), "int64")
     cols["on_gpu"] = np.array([e.cat == "gpu_user_annotation" for e in evs], dtype=bool)
-    cols["device"] = _num([x.device for x in a], "int64")
-    cols["stream"] = _num([x.stream for x in a], "int64")
-    cols["external_id"] = _num([x.external_id for x in a], "int64")
+    cols["device"] = _num(_col(a, "device"), "int64")
+    cols["stream"] = _num(_col(a, "stream"), "int64")
+    cols["external_id"] = _num(_col(a, "external_id"), "int64")
     return cols
 
 
