@@ -171,9 +171,11 @@ def gaps(r: RankResult) -> pd.DataFrame:
     prev_act = act[np.maximum(last, 0)]
     kind, row = acts["kind"].to_numpy(), acts["row"].to_numpy()
     has_prev = last >= 0
+    prev_kind = kind[prev_act].astype(object)
+    prev_kind[~has_prev] = None
     return pd.DataFrame({
         "step": st_no[step_i][keep], "start": busy_until[keep], "end": ts[act][keep], "dur": idle[keep],
-        "prev_kind": np.where(has_prev, kind[prev_act], None)[keep],
+        "prev_kind": prev_kind[keep],
         "prev_row": np.where(has_prev, row[prev_act], -1)[keep],
         "next_kind": kind[act][keep], "next_row": row[act][keep],
         "next_launch_ts": acts["launch_ts"].to_numpy()[act][keep], "next_op": acts["op"].to_numpy()[act][keep],
