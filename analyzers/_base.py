@@ -373,6 +373,25 @@ def parsed_column(ops: pd.DataFrame, column: str, rows: Iterable[int]) -> dict[i
     return out
 
 
+def per_shape(ops: pd.DataFrame, rows: Iterable[int], fn: Any, by_name: bool = False) -> dict[int, Any]:
+    """``fn(input dims)`` (or ``fn(op name, input dims)`` with ``by_name``) of the given op rows,
+    computed once per distinct recorded value: a step repeats the same shapes thousands of times."""
+    from gpuprof.trace.load import parse_arg
+
+    values = ops["input_dims"].to_numpy()
+    names = ops["name"].to_numpy() if by_name else None
+    seen: dict[Any, Any] = {}
+    out = {}
+    for r in rows:
+        i = int(r)
+        key = (names[i], values[i]) if names is not None else values[i]
+        if key not in seen:
+            dims = parse_arg(values[i])
+            seen[key] = fn(str(names[i]), dims) if names is not None else fn(dims)
+        out[i] = seen[key]
+    return out
+
+
 def top_names(k: pd.DataFrame, n: int = 5, by: str = "dur") -> list[dict[str, Any]]:
     """The heaviest kernel names in ``k``: name, count, total µs (evidence rows)."""
     g = k.groupby(k["name"].astype(str))[by].agg(["size", "sum"]).sort_values("sum", ascending=False).head(n)

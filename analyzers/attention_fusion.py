@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from gpuprof.analyzers._base import Candidate, ms, parsed_column, top_names, views
+from gpuprof.analyzers._base import Candidate, ms, per_shape, top_names, views
 
 if TYPE_CHECKING:
     from gpuprof.api import Analysis
@@ -42,7 +42,7 @@ def run(analysis: Analysis) -> list[Candidate]:
         k = v.kernels
         ops = v.trace.ops
         rows = k.loc[k["op"] >= 0, "op"].unique()
-        sq = {r: _square(d) for r, d in parsed_column(ops, "input_dims", rows).items()}
+        sq = per_shape(ops, rows, _square)
         k_t = k["op"].map(sq).fillna(0).astype(int)
         names = k["op_name"].astype(str)
         if not (names.isin(SOFTMAX) & (k_t > 0)).any():

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from gpuprof.analyzers._base import Candidate, ms, parsed_column, top_names, views
+from gpuprof.analyzers._base import Candidate, ms, per_shape, top_names, views
 
 from gpuprof.costmodel import gemm_mnk
 from gpuprof.trace.load import parse_arg
@@ -42,22 +42,25 @@ def run(analysis: Analysis) -> list[Candidate]:
         if g.empty:
             continue
         op_rows = g["op"].unique()
-        names = ops["name"].to_numpy()
-        shapes = {r: gemm_mnk(str(names[r]), d) for r, d in parsed_column(ops, "input_dims", op_rows).items()}
+        shapes = per_shape(ops, op_rows, gemm_mnk, by_name=True)
         vocab = _vocab_sizes(ops)
-        mis_rows: list[int] = []
-        dims_seen: dict[int, float] = {}
-        for row, kr in zip(g.index, g.itertuples()):
-            mnk = shapes.get(int(kr.op))
-            align = ALIGN.get(str(kr.math_dtype), 8)
-            odd = [(axis, n) for axis, n in zip("MNK", mnk[1:]) if n % align] if mnk else []
-            fallback = hopper and bool(_OLD_ARCH.search(str(kr.name))) and kr.math_dtype in ("bf16", "fp16")
-            if odd or fallback:
-                mis_rows.append(row)
-                for axis, n in odd:
-                    dims_seen[n] = dims_seen.get(n, 0.0) + kr.dur
-        if not mis_rows:
+        dims = np.array([shapes.get(int(r)) or (0, 0, 0, 0) for r in g["op"]], dtype=np.int64).reshape(-1, 4)
+        has = np.array([shapes.get(int(r)) is not None for r in g["op"]], dtype=bool)
+        dtype = g["math_dtype"].astype(object).to_numpy()
+        align = np.array([ALIGN.get(str(d), 8) for d in dtype], dtype=np.int64)
+        odd = has[:, None] & (dims[:, 1:] % align[:, None] != 0)  # M, N, K
+        cats = g["name"].astype("category")
+        old_arch = np.array([bool(_OLD_ARCH.search(str(n))) for n in cats.cat.categories], dtype=bool)
+        fallback = hopper & old_arch[cats.cat.codes.to_numpy()] & np.isin(dtype, ["bf16", "fp16"])
+        mis = odd.any(axis=1) | fallback
+        if not mis.any():
             continue
+        mis_rows = list(g.index[mis])
+        dims_seen: dict[int, float] = {}
+        dur = g["dur"].to_numpy()
+        for i, j in zip(*np.nonzero(odd)):
+            n = int(dims[i, 1 + j])
+            dims_seen[n] = dims_seen.get(n, 0.0) + float(dur[i])
         bad = g.loc[mis_rows]
         good = g.drop(index=mis_rows)
         eff = float(good["t_roof_us"].sum() / good["dur"].sum()) if good["dur"].sum() > 0 else np.nan

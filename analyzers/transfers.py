@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-from gpuprof.analyzers._base import Candidate, ms, parsed_column, top_names, views
+from gpuprof.analyzers._base import Candidate, ms, per_shape, top_names, views
 
 from gpuprof.costmodel import gemm_mnk
 
@@ -77,8 +77,7 @@ def memory_bound_decode(analysis: Analysis) -> list[Candidate]:
         g = v.kernels[(v.kernels["family"] == "gemm") & np.isfinite(v.kernels["t_roof_us"])]
         if g.empty:
             continue
-        names = ops["name"].to_numpy()
-        rows = {r: gemm_mnk(str(names[r]), d) for r, d in parsed_column(ops, "input_dims", g["op"].unique()).items()}
+        rows = per_shape(ops, g["op"].unique(), gemm_mnk, by_name=True)
         m_of = {r: mnk[1] for r, mnk in rows.items() if mnk}
         m_rows = g["op"].map(m_of).fillna(10**9)
         gemv = g[(m_rows <= GEMV_ROWS) & g["bound"].isin(["memory", "latency"])]

@@ -54,24 +54,38 @@ def run(py: str, code: str, *args: str, env: dict[str, str] | None = None) -> di
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def median_run(runs: list[dict[str, float]]) -> dict[str, float]:
+    """The run of median time, with every run's seconds beside it."""
+    ok = sorted((r for r in runs if "seconds" in r), key=lambda r: r["seconds"])
+    if not ok:
+        return runs[0]
+    return {**ok[len(ok) // 2], "all_seconds": [round(r["seconds"], 2) for r in runs if "seconds" in r]}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("trace")
     p.add_argument("--hta-python", required=True)
+    p.add_argument("--repeat", type=int, default=3, help="gpuprof runs (median kept); HTA runs once between them")
     a = p.parse_args()
     mb = Path(a.trace).stat().st_size / 1e6
     cli = [sys.executable, "-m", "gpuprof.cli", "report", a.trace, "--format", "json"]
-    mine = run(sys.executable, MEASURE, *cli, "--no-cache")
-    with tempfile.TemporaryDirectory() as cache:
+    cold, cached = [], []
+    theirs: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as d, tempfile.TemporaryDirectory() as cache:
+        shutil.copy(a.trace, Path(d) / ("rank0" + "".join(Path(a.trace).suffixes)))  # HTA reads a folder
         env = {**os.environ, "GPUPROF_CACHE_DIR": cache}
         run(sys.executable, MEASURE, *cli, env=env)  # fills the cache
-        cached = run(sys.executable, MEASURE, *cli, env=env)
-    with tempfile.TemporaryDirectory() as d:  # HTA reads a folder of rank traces
-        shutil.copy(a.trace, Path(d) / ("rank0" + "".join(Path(a.trace).suffixes)))
-        theirs = run(a.hta_python, HTA, d)
-    print(json.dumps({"trace_mb": round(mb, 1), "gpuprof": mine, "gpuprof_cached": cached, "hta": theirs}, indent=1))
+        for i in range(a.repeat):  # interleaved, so a slower spell of the machine hits both tools
+            cold.append(run(sys.executable, MEASURE, *cli, "--no-cache"))
+            cached.append(run(sys.executable, MEASURE, *cli, env=env))
+            if i == a.repeat // 2:
+                theirs = run(a.hta_python, HTA, d)
+    mine, warm = median_run(cold), median_run(cached)
+    print(json.dumps({"trace_mb": round(mb, 1), "gpuprof": mine, "gpuprof_cached": warm, "hta": theirs}, indent=1))
     if "seconds" in mine and "seconds" in theirs:
-        print(f"gpuprof {mine['seconds']:.1f} s, {mine['peak_rss_mb']:.0f} MB; HTA {theirs['seconds']:.1f} s, "
+        print(f"{mb:.0f} MB trace: gpuprof {mine['seconds']:.1f} s, {mine['peak_rss_mb']:.0f} MB (cached "
+              f"{warm.get('seconds', float('nan')):.1f} s); HTA {theirs['seconds']:.1f} s, "
               f"{theirs['peak_rss_mb']:.0f} MB: {theirs['seconds'] / mine['seconds']:.1f}x faster, "
               f"{mine['peak_rss_mb'] / theirs['peak_rss_mb']:.2f}x the memory")
 

@@ -143,14 +143,15 @@ def kernel_sums(r: RankResult) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     modelled = np.isfinite(k["t_roof_us"].to_numpy()) & np.isfinite(k["flops"].to_numpy())
     k = k.assign(
-        name=k["name"].astype(str),
+        name=k["name"].cat.remove_unused_categories() if isinstance(k["name"].dtype, pd.CategoricalDtype)
+        else k["name"].astype(str),
         m_dur=np.where(modelled, k["dur"], 0.0),
         m_flops=np.where(modelled, k["flops"], 0.0),
         m_bytes=np.where(modelled, k["bytes"], 0.0),
         m_roof=np.where(modelled, k["t_roof_us"], 0.0),
         modelled=modelled,
     )
-    g = k.groupby("name", sort=False)
+    g = k.groupby("name", sort=False, observed=True)
     t = g.agg(count=("dur", "size"), total_us=("dur", "sum"), m_dur=("m_dur", "sum"), flops=("m_flops", "sum"),
               bytes=("m_bytes", "sum"), m_roof=("m_roof", "sum"), any_model=("modelled", "any"),
               kernel_engine=("engine", "first"), math_dtype=("math_dtype", "first"), op=("op_name", "first"),
@@ -161,9 +162,10 @@ def kernel_sums(r: RankResult) -> pd.DataFrame:
     rows = t["first_op"].to_numpy()
     shapes = [dims[int(i)] if 0 <= i < len(dims) else None for i in rows]
     t["shapes"] = [s.decode("utf-8", "replace") if isinstance(s, bytes) else s for s in shapes]
-    bound = k.groupby(["name", k["bound"].astype(str)])["dur"].sum().unstack(fill_value=0)
+    bound = k.groupby(["name", k["bound"].astype(str)], observed=True)["dur"].sum().unstack(fill_value=0)
     bound.columns = [f"bound:{c}" for c in bound.columns]
     t = t.drop(columns="first_op").join(bound)
+    t.index = t.index.astype(object).astype(str)
     return t.reset_index()
 
 

@@ -2,7 +2,7 @@
 
 Decoding a multi-GB JSON trace dominates a report; the frames it yields are a fraction of its size
 and read back in a fraction of the time. An entry lives in ``$GPUPROF_CACHE_DIR`` (default
-``$XDG_CACHE_HOME/gpuprof``, else ``~/.cache/gpuprof``) under BLAKE2b(file bytes) + gpuprof version
+``$XDG_CACHE_HOME/gpuprof``, else ``~/.cache/gpuprof``) under XXH3-128(file bytes) + size + gpuprof version
 + cache format. It is written to a temporary folder and renamed into place, so a reader never
 sees half an entry; one that cannot be read, or whose recorded key differs, is deleted and rebuilt,
 never trusted.
@@ -11,7 +11,6 @@ never trusted.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import xxhash
 
 import gpuprof
 from gpuprof.trace.model import RankTrace, TraceMeta
@@ -36,11 +36,15 @@ def cache_dir() -> Path:
 
 
 def content_key(path: Path) -> str:
-    h = hashlib.blake2b(digest_size=20)
+    """The cache key of a trace file: a 128-bit XXH3 hash of its bytes (about 5 GB/s here, where
+    BLAKE2b took a quarter of a cached report), its size, the gpuprof version and the cache format."""
+    h = xxhash.xxh3_128()
+    size = 0
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
             h.update(block)
-    return f"{h.hexdigest()}-v{gpuprof.__version__}-f{FORMAT}"
+            size += len(block)
+    return f"{h.hexdigest()}-{size}-v{gpuprof.__version__}-f{FORMAT}"
 
 
 def load(path: Path, key: str, root: Path | None = None) -> RankTrace | None:
