@@ -22,7 +22,9 @@ with tempfile.TemporaryDirectory() as d:
     s.start()
     time.sleep(seconds)
     s.stop()
-    print(f"sampler thread: {s.samples} samples, {100 * s.cpu_seconds / seconds:.3f}% of one core, "
+    steady = 100 * s.steady_cpu_seconds / s.steady_seconds if s.steady_seconds else float("nan")
+    print(f"sampler thread: {s.samples} samples, {100 * s.cpu_seconds / seconds:.3f}% of one core "
+          f"({steady:.3f}% after the first second), "
           f"{s.cpu_seconds / s.samples * 1e6:.1f} us CPU per sample; off: {s.off}")
     print("  split per sample (us CPU): " + ", ".join(f"{k} {v / s.samples * 1e6:.1f}" for k, v in s.cpu_split.items()))
     print(f"  {len(s.devices)} GPU(s); group read cost (us CPU, all GPUs): "

@@ -119,7 +119,10 @@ def record(cmd: list[str], opts: Options) -> int:
     base["end_ns"] = time.time_ns()
     if sampler is not None:
         sampler.stop()
+        steady = (round(100 * sampler.steady_cpu_seconds / sampler.steady_seconds, 3)
+                  if sampler.steady_seconds > 0 else None)
         nvml_info.update(samples=sampler.samples, unavailable=sampler.off, read_periods_s=sampler.periods_s,
+                         sampler_cpu_pct_after_first_second=steady,
                          read_cost_us={g: round(v, 1) for g, v in sampler.group_us.items()},
                          sampler_cpu_pct_of_one_core=round(100 * sampler.cpu_seconds /
                                                            max((base["end_ns"] - base["start_ns"]) / 1e9, 1e-9), 3))

@@ -50,6 +50,7 @@ MIN_PERIOD_S = {"util": 0.25, "memory": 1.0, "gpm": 1.0, "counters": 1.0}
 MAX_PERIOD_S = {"util": 2.0, "memory": 10.0, "gpm": 10.0, "counters": 10.0}
 CPU_BUDGET_PCT = 0.5  # of one core, for the whole sampler thread
 PLAN_SHARE = 0.85  # plan to this share of the budget: read costs vary from one read to the next
+PAYBACK_S = 10.0  # CPU spent over budget is paid back over this many seconds
 WRITE_EVERY = 20  # rows are written (and flushed) in batches
 _COL = {c: i for i, c in enumerate(COLUMNS)}
 
@@ -103,6 +104,9 @@ class Sampler(threading.Thread):
         self._group_reads: dict[str, int] = {}
         self.strides = {g: max(1, round(p * hz)) for g, p in self.min_period_s.items()}
         self._due = dict.fromkeys(self.strides, 0)
+        self._due["gpm"] = self.strides["gpm"]  # GPM's first sample is taken at start: its first interval ends here
+        self.steady_cpu_seconds = 0.0  # CPU and wall time after the first second (start-up reads excluded)
+        self.steady_seconds = 0.0
         self._stop_event = threading.Event()
         self._static: dict[int, dict[str, Any]] = {d: self._read_static(h) for d, h in self.handles.items()}
         self._gpm: dict[int, Any] = {}
@@ -241,10 +245,13 @@ class Sampler(threading.Thread):
             for col, v in self._gpm_values(d, h).items():
                 row[_COL[col]] = v
 
-    def replan(self, fixed_us: float) -> None:
-        """Re-spread the group reads over the CPU budget from the costs measured so far."""
+    def replan(self, fixed_us: float, overspent_us: float = 0.0) -> None:
+        """Re-spread the group reads over the CPU budget from the costs measured so far; CPU
+        spent beyond the budget until now (start-up reads, a costly spell) is paid back over the
+        next ``PAYBACK_S`` seconds."""
         if self.group_us:
-            self.strides.update(plan_strides(fixed_us, self.group_us, self.hz, self.budget_pct,
+            payback = max(0.0, overspent_us) / PAYBACK_S / self.hz  # µs per sample
+            self.strides.update(plan_strides(fixed_us + payback, self.group_us, self.hz, self.budget_pct,
                                              {g: self.min_period_s[g] for g in self.group_us}))
 
     @property
@@ -254,7 +261,8 @@ class Sampler(threading.Thread):
 
     # --- thread ----------------------------------------------------------------------------
     def run(self) -> None:
-        t_cpu = time.thread_time()
+        t_cpu, t_wall = time.thread_time(), time.monotonic()
+        steady: tuple[float, float] | None = None
         with open(self.path, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(COLUMNS)
@@ -284,9 +292,16 @@ class Sampler(threading.Thread):
                 if self.samples == 1 or self.samples % max(1, round(self.hz)) == 0:  # at once, then each second
                     total_us = sum(split.values()) / self.samples * 1e6
                     groups_us = sum(self.group_us[g] * self._group_reads[g] for g in self.group_us) / self.samples
-                    self.replan(max(0.0, total_us - groups_us))
+                    used_us = (time.thread_time() - t_cpu) * 1e6
+                    allowed_us = PLAN_SHARE * self.budget_pct / 100.0 * (time.monotonic() - t_wall) * 1e6
+                    self.replan(max(0.0, total_us - groups_us), used_us - allowed_us)
+                if self.samples == max(1, round(self.hz)):
+                    steady = (time.thread_time(), time.monotonic())
             w.writerows(pending)
         self.cpu_seconds = time.thread_time() - t_cpu
+        if steady is not None:
+            self.steady_cpu_seconds = time.thread_time() - steady[0]
+            self.steady_seconds = time.monotonic() - steady[1]
 
     def stop(self) -> None:
         self._stop_event.set()

@@ -8,7 +8,7 @@ R=${1:?usage: record_torchrun.sh OUTDIR}
 mkdir -p "$R"
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
 P=sample_traces/programs
-for g in 0 0,1 0 0,1; do timeout 60 python3 benchmarks/sampler_cost.py 10 $g 2>&1 | grep -v Warn | head -3 | tee -a "$R/sampler_cost.txt"; done
+for g in 0 0,1; do timeout 90 python3 benchmarks/sampler_cost.py 30 $g 2>&1 | grep -v Warn | head -3 | tee -a "$R/sampler_cost.txt"; done
 timeout 240 python3 -m gpuprof.cli record --out "$R/run_ddp2_slow" -- torchrun --standalone --nproc_per_node 2 \
   $P/gpt.py --ddp --slow-rank-ms 40 --no-profile --out /tmp/unused.json.gz --timed-steps 30 2>&1 | tail -4
 python3 -m gpuprof.cli report "$R/run_ddp2_slow" --format json > "$R/run_ddp2_slow_report.json"
