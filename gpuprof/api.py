@@ -7,8 +7,10 @@ analysis only reads what was recorded.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -389,8 +391,6 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
     reduced where it is loaded to a small summary (:mod:`gpuprof.ranks`) and only those cross to
     this process, so memory here does not grow with the traces; ``Analysis.ranks`` then loads
     the frames again on first use."""
-    from gpuprof.analyzers import distributed, merge, rank_findings, run_analyzers, select, step_ms_of
-
     seq = [paths] if isinstance(paths, (str, Path)) else list(paths)
     folder, manifest = _manifest(seq)
     if step_ms is None and isinstance(manifest.get("unprofiled_step_ms"), (int, float)):
@@ -401,6 +401,25 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
     jobs = [Job(str(Path(f).resolve()), i, cache, gpu, gpu_spec, step_ms) for i, f in enumerate(files)]
     keep = len(jobs) == 1 if keep_traces is None else keep_traces
     samples, period, gpu_of = _run_nvml(folder, manifest)
+    with contextlib.ExitStack() as stack:
+        if not keep and not cache and not dask:
+            # Ranks are loaded twice (summary, then findings): without the user's cache, a private
+            # one for this call spares the second parse. Dask workers may be elsewhere: not there.
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="gpuprof-cache-"))
+            jobs = [replace(j, cache=True, cache_root=tmp) for j in jobs]
+        a = _analyze_jobs(jobs, keep, gpu, gpu_spec, analyzers, step_ms, workers, dask, manifest, samples,
+                          period, gpu_of)
+    if not cache:  # loading again later (Analysis.ranks) must not look for the private cache
+        a = replace(a, jobs=tuple(replace(j, cache=False, cache_root=None) for j in a.jobs))
+    return a
+
+
+def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | None,
+                  analyzers: Sequence[str] | None, step_ms: float | None, workers: int | None, dask: str | None,
+                  manifest: dict[str, Any], samples: pd.DataFrame | None, period: float,
+                  gpu_of: dict[int, int]) -> Analysis:
+    from gpuprof.analyzers import distributed, merge, rank_findings, run_analyzers, select, step_ms_of
+
     with _Exec(len(jobs), workers, dask) as ex:
         if keep:
             traces = ex.map(_trace_job, jobs)

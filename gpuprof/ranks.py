@@ -74,18 +74,20 @@ class Job:
     gpu_spec: str | None = None
     step_ms: float | None = None
     rank: int | None = None  # set when several files claim one rank: they are told apart by order
+    cache_root: str | None = None  # a parse cache folder other than the user's (see api.analyze)
 
 
-def load_trace_cached(path: Path, fallback_rank: int, cache: bool) -> RankTrace:
+def load_trace_cached(path: Path, fallback_rank: int, cache: bool, root: str | None = None) -> RankTrace:
     from gpuprof.trace import cache as pcache
     from gpuprof.trace.load import load_trace
 
     key = pcache.content_key(path) if cache and path.is_file() else None
-    t = pcache.load(path, key) if key else None
+    where = Path(root) if root else None
+    t = pcache.load(path, key, where) if key else None
     if t is None:
         t = load_trace(path, fallback_rank=fallback_rank)
         if key:
-            pcache.store(t, key)
+            pcache.store(t, key, where)
     return t
 
 
@@ -101,7 +103,7 @@ def result_of(t: RankTrace, spec: GpuSpec | None, step_ms: float | None = None, 
 
 def load_rank(job: Job, nvml: pd.DataFrame | None = None, nvml_period_s: float = 0.05
               ) -> tuple[RankResult, GpuSpec | None]:
-    t = load_trace_cached(Path(job.path), job.fallback_rank, job.cache)
+    t = load_trace_cached(Path(job.path), job.fallback_rank, job.cache, job.cache_root)
     if job.rank is not None and job.rank != t.meta.rank:
         t = with_rank(t, job.rank)
     spec = resolve(t.meta.device_properties, gpu=job.gpu, spec_file=job.gpu_spec)

@@ -85,6 +85,20 @@ def test_ranks_analysed_apart_match_ranks_in_memory(folder: str, tmp_path: Path,
     assert a == b and a["findings"]
 
 
+def test_ranks_apart_without_the_cache_leave_no_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--no-cache with several ranks: the second pass uses a private cache for the call, gone
+    afterwards; nothing lands in the user's cache, and the frames can still be loaded later."""
+    monkeypatch.setenv("GPUPROF_CACHE_DIR", str(tmp_path / "cache"))
+    import gpuprof
+
+    a = gpuprof.analyze(SAMPLES / "ddp_good", workers=2, cache=False)
+    assert not (tmp_path / "cache").exists()
+    assert all(not j.cache and j.cache_root is None for j in a.jobs)
+    assert len(a.kernels) and sorted(a.kernels["rank"].unique()) == [0, 1]
+    assert not (tmp_path / "cache").exists()
+    assert a.to_dict() == gpuprof.analyze(SAMPLES / "ddp_good", workers=1, keep_traces=True).to_dict()
+
+
 def _eight_ranks(tmp_path: Path) -> Path:
     """Eight rank traces derived in test code from the two real DDP rank traces: copies with
     distributedInfo set to ranks 0-7 of 8 (the events are the recorded ones)."""
