@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gpuprof.record.nvml import Sampler
+from gpuprof.record.nvml import COLUMNS, Sampler
 
 TRAIN = """
 import sys, time, torch
@@ -269,6 +269,19 @@ def test_sampler_plan_keeps_within_the_cpu_budget() -> None:
     assert per_s <= 0.5 / 100 * 1e6 and all(k[g] > MIN_PERIOD_S[g] * 20 for g in costly)
     # fixed cost alone over budget: every group at its longest period
     assert plan_strides(300.0, costly, hz=20.0) == {g: round(MAX_PERIOD_S[g] * 20) for g in costly}
+
+
+def test_sampler_a_failing_fast_read_is_switched_off_alone(tmp_path: Path) -> None:
+    class NoReasons(FakeNvml):
+        def nvmlDeviceGetCurrentClocksEventReasons(self, h: str) -> int:
+            raise RuntimeError("NotSupported")
+
+    s = Sampler(tmp_path / "n.csv", hz=100.0, nvml=NoReasons())
+    rows = [s.sample_once()[0] for _ in range(3)]
+    cols = {c: i for i, c in enumerate(COLUMNS)}
+    assert "clock_event_reasons" in s.off and "power" not in s.off
+    assert all(r[cols["clock_event_reasons"]] is None and r[cols["power_w"]] == 690.0 for r in rows)
+    assert all(r[cols["sm_clock_mhz"]] == 1500 for r in rows)
 
 
 def test_sampler_sees_only_visible_gpus(tmp_path: Path) -> None:

@@ -53,6 +53,7 @@ PLAN_SHARE = 0.85  # plan to this share of the budget: read costs vary from one 
 PAYBACK_S = 10.0  # CPU spent over budget is paid back over this many seconds
 WRITE_EVERY = 20  # rows are written (and flushed) in batches
 _COL = {c: i for i, c in enumerate(COLUMNS)}
+_POWER, _SM, _REASONS = _COL["power_w"], _COL["sm_clock_mhz"], _COL["clock_event_reasons"]
 
 
 def plan_strides(fixed_us: float, group_us: dict[str, float], hz: float, budget_pct: float = CPU_BUDGET_PCT,
@@ -105,10 +106,21 @@ class Sampler(threading.Thread):
         self.strides = {g: max(1, round(p * hz)) for g, p in self.min_period_s.items()}
         self._due = dict.fromkeys(self.strides, 0)
         self._due["gpm"] = self.strides["gpm"]  # GPM's first sample is taken at start: its first interval ends here
+        self._next_due = 0
+        self._fast_ok = True
+        self._power, self._clock = nvml.nvmlDeviceGetPowerUsage, nvml.nvmlDeviceGetClockInfo
+        self._reasons, self._sm = nvml.nvmlDeviceGetCurrentClocksEventReasons, nvml.NVML_CLOCK_SM
         self.steady_cpu_seconds = 0.0  # CPU and wall time after the first second (start-up reads excluded)
         self.steady_seconds = 0.0
         self._stop_event = threading.Event()
         self._static: dict[int, dict[str, Any]] = {d: self._read_static(h) for d, h in self.handles.items()}
+        self._template: dict[int, list[Any]] = {}
+        for d in self.handles:
+            row: list[Any] = [None] * len(COLUMNS)
+            row[_COL["gpu"]] = d
+            for col, v in self._static[d].items():
+                row[_COL[col]] = v
+            self._template[d] = row
         self._gpm: dict[int, Any] = {}
         self._gpm_prev: dict[int, Any] = {}
         if not fields:
@@ -183,42 +195,49 @@ class Sampler(threading.Thread):
         return out
 
     def sample_once(self) -> list[list[Any]]:
-        """One row per GPU, in ``COLUMNS`` order. Power, SM clock and clock-event reasons every
-        sample; utilisation (itself a ~100-170 ms average in NVML) on every ``SLOW_EVERY``-th; GPM
-        (an average over the interval since its last read) on every ``GPM_EVERY``-th; memory,
-        memory clock, temperature and byte counters on every ``COUNTER_EVERY``-th (empty in
-        between). Rows are plain lists and reads are direct calls: at 20 Hz the thread's budget
-        is 250 µs of CPU per sample, and Python overhead is a visible share of it."""
-        nv = self.nv
+        """One row per GPU, in ``COLUMNS`` order: power, SM clock and clock-event reasons every
+        sample; each other group when it is due (``plan_strides``), its cells empty otherwise.
+        The every-sample path is kept lean (a prefilled row, three direct calls per GPU): at
+        20 Hz the whole thread's budget is 250 µs of CPU per sample."""
         ts = self.clock()
         n = self.samples
-        due = [g for g, at in self._due.items() if n >= at and not self._group_off(g)]
-        off = self.off
         rows = []
         for d, h in self.handles.items():
-            row: list[Any] = [None] * len(COLUMNS)
-            row[0], row[1] = ts, d
-            for col, v in self._static[d].items():
-                row[_COL[col]] = v
-            if "power" not in off:
-                p = self._try("power", nv.nvmlDeviceGetPowerUsage, h)
-                row[_COL["power_w"]] = p / 1000.0 if p is not None else None
-            if "sm_clock" not in off:
-                row[_COL["sm_clock_mhz"]] = self._try("sm_clock", nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM)
-            if "clock_event_reasons" not in off:
-                r = self._try("clock_event_reasons", nv.nvmlDeviceGetCurrentClocksEventReasons, h)
-                row[_COL["clock_event_reasons"]] = int(r) if r is not None else None
+            row = self._template[d].copy()
+            row[0] = ts
+            if self._fast_ok:
+                try:
+                    row[_POWER] = self._power(h) / 1000.0
+                    row[_SM] = self._clock(h, self._sm)
+                    row[_REASONS] = int(self._reasons(h))
+                except Exception:  # find out which read fails, then read them one by one from now on
+                    self._fast_ok = False
+            if not self._fast_ok:
+                self._read_fast_slowly(h, row)
             rows.append(row)
-        for g in due:
-            c0 = time.thread_time()
-            for (d, h), row in zip(self.handles.items(), rows):
-                self._read_group(g, d, h, row)
-            k = self._group_reads.get(g, 0)
-            self.group_us[g] = (self.group_us.get(g, 0.0) * k + (time.thread_time() - c0) * 1e6) / (k + 1)
-            self._group_reads[g] = k + 1
-            self._due[g] = n + self.strides[g]
+        if n >= self._next_due:
+            for g in [g for g, at in self._due.items() if n >= at]:
+                self._due[g] = n + self.strides[g]
+                if self._group_off(g):
+                    continue
+                c0 = time.thread_time()
+                for (d, h), row in zip(self.handles.items(), rows):
+                    self._read_group(g, d, h, row)
+                k = self._group_reads.get(g, 0)
+                self.group_us[g] = (self.group_us.get(g, 0.0) * k + (time.thread_time() - c0) * 1e6) / (k + 1)
+                self._group_reads[g] = k + 1
+            self._next_due = min(self._due.values())
         self.samples += 1
         return rows
+
+    def _read_fast_slowly(self, h: Any, row: list[Any]) -> None:
+        """The every-sample reads one at a time, each switched off on its first failure."""
+        nv = self.nv
+        p = self._try("power", nv.nvmlDeviceGetPowerUsage, h)
+        row[_POWER] = p / 1000.0 if p is not None else None
+        row[_SM] = self._try("sm_clock", nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM)
+        r = self._try("clock_event_reasons", nv.nvmlDeviceGetCurrentClocksEventReasons, h)
+        row[_REASONS] = int(r) if r is not None else None
 
     def _group_off(self, g: str) -> bool:
         if g == "gpm":
