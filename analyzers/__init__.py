@@ -136,19 +136,32 @@ def step_ms_of(parts: Sequence[RankPart]) -> tuple[dict[int, int], dict[int, flo
             {p.rank: p.unprofiled_step_ms or p.summary.step_time_ms for p in parts})
 
 
-def run_analyzers(analysis: Analysis, only: Sequence[str] | None = None,
-                  registry: Sequence[Analyzer] | None = None) -> tuple[list[Finding], list[dict[str, str]]]:
-    """Run the registered analyzers (or those named in ``only``) on an analysis whose ranks are
-    in memory; return ranked findings and skips. :func:`gpuprof.api.analyze` does the same with
-    ranks spread over worker processes or a Dask cluster."""
+def contributions_in_memory(analysis: Analysis, only: Sequence[str] | None = None,
+                            registry: Sequence[Analyzer] | None = None
+                            ) -> tuple[list[Contribution], list[dict[str, str]]]:
+    """Every rank's contributions (and the skips) for an analysis whose ranks are in memory."""
     active, skipped = select(analysis.parts, analysis.spec, only, registry)
     results = {r.trace.meta.rank: r for r in analysis.ranks}
     names = [a.name for a in active]
     cross = distributed.plan(analysis.parts, lambda slow, waits, waiting: distributed.slow_detail(
         results[slow], waits, waiting), names)
-    contribs = []
+    contribs: list[Contribution] = []
     for part in analysis.parts:
         one = analysis.one_rank(part.rank)
         contribs.extend(rank_contributions(one, active, cross.get(part.rank, ())))
-    steps, step_ms = step_ms_of(analysis.parts)
-    return rank_findings(merge(contribs, steps, step_ms)), skipped
+    return contribs, skipped
+
+
+def findings_of(parts: Sequence[RankPart], contribs: Sequence[Contribution]) -> list[Finding]:
+    """Ranked findings from the ranks' contributions."""
+    steps, step_ms = step_ms_of(parts)
+    return rank_findings(merge(contribs, steps, step_ms))
+
+
+def run_analyzers(analysis: Analysis, only: Sequence[str] | None = None,
+                  registry: Sequence[Analyzer] | None = None) -> tuple[list[Finding], list[dict[str, str]]]:
+    """Run the registered analyzers (or those named in ``only``) on an analysis whose ranks are
+    in memory; return ranked findings and skips. :func:`gpuprof.api.analyze` does the same with
+    ranks spread over worker processes or a Dask cluster."""
+    contribs, skipped = contributions_in_memory(analysis, only, registry)
+    return findings_of(analysis.parts, contribs), skipped

@@ -23,8 +23,8 @@ import pandas as pd
 import gpuprof
 from gpuprof.errors import GpuprofError, TraceError
 from gpuprof.findings import Finding
-from gpuprof.ranks import (Job, RankPart, RankResult, kernel_table, load_rank, load_trace_cached, part_job, part_of,
-                           result_of, with_rank)
+from gpuprof.ranks import (Job, RankPart, RankResult, cached, digest, job_key, kernel_table, load_rank,
+                           load_trace_cached, part_job, part_of, result_of, with_rank)
 from gpuprof.specs import GpuSpec, resolve
 from gpuprof.timeline import CLASSES
 from gpuprof.trace.model import RankTrace, TraceMeta
@@ -361,10 +361,15 @@ def findings_job(job: Job, part: RankPart, active: Sequence[str], cross: Sequenc
     in ``active`` with the rank's share of the cross-rank findings, and return its contributions."""
     from gpuprof.analyzers import REGISTRY, rank_contributions
 
-    r, spec = load_rank(job, part.nvml, part.nvml_period_s)
-    one = Analysis(parts=(part,), spec=spec, jobs=(job,), results=(r,))
-    out: list[Any] = rank_contributions(one, [a for a in REGISTRY if a.name in active], cross)
-    return out
+    def compute() -> list[Any]:
+        r, spec = load_rank(job, part.nvml, part.nvml_period_s)
+        one = Analysis(parts=(part,), spec=spec, jobs=(job,), results=(r,))
+        out: list[Any] = rank_contributions(one, [a for a in REGISTRY if a.name in active], cross)
+        return out
+
+    key = job_key(job, "contributions", tuple(active), digest(part.nvml), part.nvml_period_s, digest(list(cross)))
+    got: list[Any] = cached(job, key, compute)
+    return got
 
 
 def slow_job(job: Job, waits: pd.DataFrame, waiting: int) -> dict[str, Any]:
@@ -383,7 +388,8 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
     ``step_ms`` is the step time measured *without* the profiler (from training logs), which
     corrects host-side estimates for the profiler's own host overhead. A run folder from
     ``gpuprof record`` carries it in its manifest (``unprofiled_step_ms``). ``cache`` reads and
-    writes the parse cache (:mod:`gpuprof.trace.cache`).
+    writes the parse cache and the results cache (:mod:`gpuprof.trace.cache`): a second analysis
+    of an unchanged trace with the same options loads no frames until they are asked for.
 
     Several rank traces are worked on in parallel: by up to ``workers`` local processes (default
     one per CPU; 1 works in this process), or on a Dask cluster (``dask``: a scheduler address,
@@ -408,7 +414,7 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="gpuprof-cache-"))
             jobs = [replace(j, cache=True, cache_root=tmp) for j in jobs]
         a = _analyze_jobs(jobs, keep, gpu, gpu_spec, analyzers, step_ms, workers, dask, manifest, samples,
-                          period, gpu_of)
+                          period, gpu_of, whole_result_cache=keep_traces is None)
     if not cache:  # loading again later (Analysis.ranks) must not look for the private cache
         a = replace(a, jobs=tuple(replace(j, cache=False, cache_root=None) for j in a.jobs))
     return a
@@ -417,9 +423,21 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
 def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | None,
                   analyzers: Sequence[str] | None, step_ms: float | None, workers: int | None, dask: str | None,
                   manifest: dict[str, Any], samples: pd.DataFrame | None, period: float,
-                  gpu_of: dict[int, int]) -> Analysis:
-    from gpuprof.analyzers import distributed, merge, rank_findings, run_analyzers, select, step_ms_of
+                  gpu_of: dict[int, int], whole_result_cache: bool = False) -> Analysis:
+    from gpuprof.analyzers import contributions_in_memory, distributed, findings_of, merge, rank_findings, select, \
+        step_ms_of
+    from gpuprof.trace import cache as pcache
 
+    result_key = None
+    if whole_result_cache and keep and len(jobs) == 1:  # one trace: a hit skips loading it at all
+        result_key = job_key(jobs[0], "single", tuple(analyzers) if analyzers is not None else None,
+                             digest(samples), tuple(sorted(gpu_of.items())), period)
+        hit = pcache.get_result(result_key) if result_key else None
+        if hit is not None:
+            parts_hit, spec_hit, contribs_hit = hit
+            _, skipped_hit = select(parts_hit, spec_hit, analyzers)
+            return Analysis(parts=parts_hit, spec=spec_hit, findings=tuple(findings_of(parts_hit, contribs_hit)),
+                            skipped=tuple(skipped_hit), run=manifest, jobs=tuple(jobs))
     with _Exec(len(jobs), workers, dask) as ex:
         if keep:
             traces = ex.map(_trace_job, jobs)
@@ -441,8 +459,10 @@ def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | 
                 results.append(result_of(t, spec, step_ms, _rank_samples(t.meta, t.steps, samples, gpu_of), period))
             base = Analysis(parts=tuple(part_of(r) for r in results), spec=spec, run=manifest, jobs=tuple(jobs),
                             results=tuple(results))
-            findings, skipped = run_analyzers(base, only=analyzers)
-            return replace(base, findings=tuple(findings), skipped=tuple(skipped))
+            contribs, skipped = contributions_in_memory(base, only=analyzers)
+            if result_key is not None:
+                pcache.put_result(result_key, (base.parts, spec, contribs))
+            return replace(base, findings=tuple(findings_of(base.parts, contribs)), skipped=tuple(skipped))
         parts = tuple(replace(firsts[i][0], meta=metas[i], nvml=_rank_samples(metas[i], firsts[i][0].steps, samples,
                                                                                 gpu_of), nvml_period_s=period)
                       for i in order)

@@ -14,11 +14,14 @@ with the traces.
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
+import xxhash
 
 from gpuprof.roofline import classify
 from gpuprof.specs import GpuSpec, resolve
@@ -210,7 +213,53 @@ def part_of(r: RankResult) -> RankPart:
                     nvml=r.nvml, nvml_period_s=r.nvml_period_s)
 
 
+def job_key(job: Job, kind: str, *extra: Any) -> str | None:
+    """The results-cache key of ``kind`` computed for ``job`` with ``extra`` inputs (None when the
+    cache is off or the trace is not a file)."""
+    from gpuprof.trace import cache as pcache
+
+    if not job.cache or not Path(job.path).is_file():
+        return None
+    spec_file = None
+    if job.gpu_spec:
+        try:
+            spec_file = xxhash.xxh3_64_hexdigest(Path(job.gpu_spec).read_bytes())
+        except OSError:
+            spec_file = job.gpu_spec  # resolve() reports it
+    return pcache.result_key(kind, job.path, pcache.content_key(Path(job.path)), job.fallback_rank, job.rank,
+                             job.gpu, spec_file, job.step_ms, *extra)
+
+
+def digest(value: Any) -> str | None:
+    """A content digest of a frame (or None) or of any picklable value, for results-cache keys."""
+    if value is None:
+        return None
+    if isinstance(value, pd.DataFrame):
+        return xxhash.xxh3_64_hexdigest(pd.util.hash_pandas_object(value, index=True).to_numpy().tobytes()
+                                        + repr(list(value.columns)).encode())
+    return xxhash.xxh3_64_hexdigest(pickle.dumps(value, protocol=4))
+
+
+def cached(job: Job, key: str | None, compute: Any) -> Any:
+    """``compute()``, or what it returned before under ``key`` (the results cache)."""
+    from gpuprof.trace import cache as pcache
+
+    root = Path(job.cache_root) if job.cache_root else None
+    if key is not None:
+        hit = pcache.get_result(key, root)
+        if hit is not None:
+            return hit
+    out = compute()
+    if key is not None:
+        pcache.put_result(key, out, root)
+    return out
+
+
 def part_job(job: Job) -> tuple[RankPart, GpuSpec | None]:
-    """Worker, first pass: load one rank and reduce it to its part."""
-    r, spec = load_rank(job)
-    return part_of(r), spec
+    """Worker, first pass: load one rank and reduce it to its part (or read it from the cache)."""
+    def compute() -> tuple[RankPart, GpuSpec | None]:
+        r, spec = load_rank(job)
+        return part_of(r), spec
+
+    out: tuple[RankPart, GpuSpec | None] = cached(job, job_key(job, "part"), compute)
+    return out

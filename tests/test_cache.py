@@ -134,3 +134,42 @@ def test_unreachable_dask_scheduler_is_one_clear_error(tmp_path: Path) -> None:
 
     with pytest.raises(GpuprofError, match="Dask scheduler"):
         gpuprof.analyze(SAMPLES / "ddp_good", dask="tcp://127.0.0.1:9", cache=False)
+
+
+def test_results_cache_skips_loading_an_unchanged_trace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second report of the same trace with the same options reads the cached result (no frames
+    loaded, same report); a different option, an edited trace or edited gpuprof code recompute,
+    and an unreadable entry is recomputed and replaced."""
+    monkeypatch.setenv("GPUPROF_CACHE_DIR", str(tmp_path / "cache"))
+    import gpuprof
+
+    src = tmp_path / "t.json.gz"
+    src.write_bytes((SAMPLES / "gpt_bf16.json.gz").read_bytes())
+    first = gpuprof.analyze(src)
+    assert first.results is not None
+    results = tmp_path / "cache" / "results"
+    assert len(list(results.glob("*.pkl"))) == 1
+    second = gpuprof.analyze(src)
+    assert second.results is None and second.to_dict() == first.to_dict()
+    assert len(second.kernels) == len(first.kernels)  # frames still there on demand
+    other = gpuprof.analyze(src, step_ms=5.0)
+    assert other.results is not None and len(list(results.glob("*.pkl"))) == 2
+    monkeypatch.setattr(cache, "_CODE_HASH", "edited")
+    assert gpuprof.analyze(src).results is not None  # new code: computed again
+    monkeypatch.setattr(cache, "_CODE_HASH", None)
+    for f in results.glob("*.pkl"):
+        f.write_bytes(b"\x80garbage")
+    again = gpuprof.analyze(src)
+    assert again.results is not None and again.to_dict() == first.to_dict()
+    assert gpuprof.analyze(src).results is None  # replaced by a good entry
+
+
+def test_results_cache_for_ranks_apart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUPROF_CACHE_DIR", str(tmp_path / "cache"))
+    import gpuprof
+
+    a = gpuprof.analyze(SAMPLES / "ddp_slow_rank", workers=1)
+    n = len(list((tmp_path / "cache" / "results").glob("*.pkl")))
+    assert n == 4  # a part and the contributions per rank
+    b = gpuprof.analyze(SAMPLES / "ddp_slow_rank", workers=1)
+    assert b.to_dict() == a.to_dict() and len(list((tmp_path / "cache" / "results").glob("*.pkl"))) == n

@@ -6,6 +6,10 @@ and read back in a fraction of the time. An entry lives in ``$GPUPROF_CACHE_DIR`
 + cache format. It is written to a temporary folder and renamed into place, so a reader never
 sees half an entry; one that cannot be read, or whose recorded key differs, is deleted and rebuilt,
 never trusted.
+
+Beside the frames it keeps results (see ``get_result``): a rank's summary part and its findings'
+contributions, keyed by the trace's content key, every option that shapes them, and a hash of
+gpuprof's own source, so a second report of an unchanged trace loads nothing it does not need.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pickle
 import shutil
 import tempfile
 from pathlib import Path
@@ -35,9 +40,22 @@ def cache_dir() -> Path:
     return Path(base) / "gpuprof"
 
 
+_KEYS: dict[tuple[str, int, int], str] = {}
+
+
 def content_key(path: Path) -> str:
     """The cache key of a trace file: a 128-bit XXH3 hash of its bytes (about 5 GB/s here, where
-    BLAKE2b took a quarter of a cached report), its size, the gpuprof version and the cache format."""
+    BLAKE2b took a quarter of a cached report), its size, the gpuprof version and the cache format.
+    Remembered within a process while the file's size and modification time stay the same."""
+    st = path.stat()
+    memo = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if memo in _KEYS:
+        return _KEYS[memo]
+    _KEYS[memo] = key = _hash_file(path)
+    return key
+
+
+def _hash_file(path: Path) -> str:
     h = xxhash.xxh3_128()
     size = 0
     with open(path, "rb") as f:
@@ -92,3 +110,61 @@ def _json(o: Any) -> Any:
     if isinstance(o, tuple):
         return list(o)
     return str(o)
+
+
+# --- results ---------------------------------------------------------------------------------
+# What a rank's analysis yields (its summary part, its findings' contributions) is kept too, so
+# a second report of an unchanged trace with the same options skips loading it. The key covers
+# every input: the trace's content key, the options, and a hash of gpuprof's own code (so an
+# edited analyzer never reads a result computed by the old one). Values are pickles in the same
+# cache folder: an unreadable one is deleted and recomputed.
+
+_CODE_HASH: str | None = None
+
+
+def code_hash() -> str:
+    """XXH3 of every Python source file of gpuprof and its analyzers and reports (a few ms)."""
+    global _CODE_HASH
+    if _CODE_HASH is None:
+        import gpuprof.analyzers
+        import gpuprof.reports
+
+        h = xxhash.xxh3_128()
+        roots = {Path(m.__file__).resolve().parent for m in (gpuprof, gpuprof.analyzers, gpuprof.reports)
+                 if m.__file__}
+        for root in sorted(roots):
+            for f in sorted(root.rglob("*.py")):
+                h.update(str(f.relative_to(root)).encode())
+                h.update(f.read_bytes())
+        _CODE_HASH = h.hexdigest()
+    return _CODE_HASH
+
+
+def result_key(*parts: Any) -> str:
+    """A key for a result computed from ``parts`` (plain values: strings, numbers, tuples, None)."""
+    return "r-" + xxhash.xxh3_128(repr((code_hash(), FORMAT, parts)).encode()).hexdigest()
+
+
+def get_result(key: str, root: Path | None = None) -> Any:
+    f = (root or cache_dir()) / "results" / f"{key}.pkl"
+    if not f.is_file():
+        return None
+    try:
+        with open(f, "rb") as fh:
+            return pickle.load(fh)
+    except Exception:  # truncated or from an incompatible version: recompute
+        f.unlink(missing_ok=True)
+        return None
+
+
+def put_result(key: str, value: Any, root: Path | None = None) -> None:
+    base = (root or cache_dir()) / "results"
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=base)
+        with os.fdopen(fd, "wb") as fh:
+            pickle.dump(value, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, base / f"{key}.pkl")
+    except Exception:
+        if "tmp" in locals():
+            Path(locals()["tmp"]).unlink(missing_ok=True)
