@@ -83,7 +83,7 @@ def main() -> None:
 @click.option("--gpu-spec", type=click.Path(path_type=Path), help="A spec file (from `gpuprof calibrate`).")
 @click.option("--step-ms", type=float, help="Step time measured WITHOUT the profiler (e.g. from training logs); "
               "corrects host-side estimates for the profiler's own overhead.")
-@click.option("--no-cache", is_flag=True, help="Neither read nor write the parse cache ($GPUPROF_CACHE_DIR).")
+@click.option("--no-cache", is_flag=True, help="Neither read nor write the parse and results caches ($GPUPROF_CACHE_DIR).")
 @click.option("--workers", type=click.IntRange(min=1), help="Local processes parsing rank traces (default: CPUs).")
 @click.option("--dask", "dask_address", metavar="ADDRESS|local",
               help="Parse rank traces on a Dask cluster (scheduler address, or 'local'); needs gpuprof[dask].")
