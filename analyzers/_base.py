@@ -265,17 +265,23 @@ def ms(us: float) -> float:
 
 
 @dataclass(frozen=True)
-class Contribution:
-    """A finding's share on one rank after claims: what it keeps there and what it asked for.
-    Small (no units), so ranks analysed apart send these to be merged."""
+class Described:
+    """What a finding says, whatever stage it is at."""
 
-    rank: int
     id: str
     category: str
     title: str
     confidence: str
     recommendation: str
     evidence: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Contribution(Described):
+    """A finding's share on one rank after claims: what it keeps there and what it asked for.
+    Small (no units), so ranks analysed apart send these to be merged."""
+
+    rank: int
     generic: bool
     informational: bool
     units: int  # how many units it asked for on this rank
@@ -298,9 +304,10 @@ def claim(rank: int, candidates: Sequence[Candidate], n_steps: int) -> list[Cont
     for c in sorted(candidates, key=key):
         kept = {u: v for u, v in c.units.items() if u not in claimed}
         claimed.update(kept)
-        out.append(Contribution(rank, c.id, c.category, c.title, c.confidence, c.recommendation, c.evidence,
-                                c.generic, c.informational, len(c.units), float(sum(kept.values())),
-                                float(sum(c.units.values()))))
+        out.append(Contribution(id=c.id, category=c.category, title=c.title, confidence=c.confidence,
+                                recommendation=c.recommendation, evidence=c.evidence, rank=rank, generic=c.generic,
+                                informational=c.informational, units=len(c.units), kept_us=float(sum(kept.values())),
+                                total_us=float(sum(c.units.values()))))
     return out
 
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
-from gpuprof.analyzers._base import HOST_NOTE, Candidate, RankView, ms, top_names
+from gpuprof.analyzers._base import HOST_NOTE, Candidate, Described, RankView, ms, top_names
 
 if TYPE_CHECKING:
     from gpuprof.ranks import RankPart, RankResult
@@ -108,15 +108,9 @@ def match(tables: Sequence[pd.DataFrame]) -> pd.DataFrame:
 
 
 @dataclass(frozen=True)
-class CrossCandidate:
+class CrossCandidate(Described):  # type: ignore[misc]  # (mypy sees gpuprof.analyzers as Any)
     """A cross-rank finding's share on one rank, decided from all ranks' collective tables."""
 
-    id: str
-    category: str
-    title: str
-    confidence: str
-    recommendation: str
-    evidence: dict[str, Any]
     priority_ms: float  # the finding's saving per step for the job: its claim order on every rank
     kernel_units: dict[int, float]  # kernel row -> µs saved on this rank
     gap_after_rows: tuple[int, ...] = ()  # kernels whose surrounding launch gaps go too
