@@ -173,3 +173,30 @@ def test_results_cache_for_ranks_apart(tmp_path: Path, monkeypatch: pytest.Monke
     assert n == 4  # a part and the contributions per rank
     b = gpuprof.analyze(SAMPLES / "ddp_slow_rank", workers=1)
     assert b.to_dict() == a.to_dict() and len(list((tmp_path / "cache" / "results").glob("*.pkl"))) == n
+
+
+def test_cache_keeps_to_its_size_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPUPROF_CACHE_MAX_GB bounds the cache: the least recently used entries go first."""
+    monkeypatch.setenv("GPUPROF_CACHE_DIR", str(tmp_path / "cache"))
+    import gpuprof
+
+    files = []
+    for name in ("a", "b"):
+        f = tmp_path / f"{name}.json.gz"
+        f.write_bytes((SAMPLES / ("gpt_bf16.json.gz" if name == "a" else "gpt_fp32.json.gz")).read_bytes())
+        files.append(f)
+        gpuprof.analyze(f)
+    root = tmp_path / "cache"
+    entries = [e for e in root.iterdir() if e.is_dir() and e.name != "results"]
+    assert len(entries) == 2
+    a_entry = next(e for e in entries if cache.content_key(files[0]) == e.name)
+    b_entry = next(e for e in entries if e != a_entry)
+    results = sorted((root / "results").glob("*.pkl"), key=lambda f: f.stat().st_mtime)
+    a_result, b_result = results  # made in that order
+    gpuprof.analyze(files[0], step_ms=9.0)  # reads a's frames: a is now used more recently than b
+    size = lambda e: sum(f.stat().st_size for f in e.iterdir()) if e.is_dir() else e.stat().st_size
+    total = sum(size(e) for e in root.iterdir() if e.is_dir() and e.name != "results")
+    total += sum(size(f) for f in (root / "results").glob("*.pkl"))
+    gone = cache.prune(root, limit=total - size(a_result) - size(b_entry))
+    assert gone == [a_result, b_entry]  # the two least recently used, oldest first
+    assert a_entry.exists() and b_result.exists() and not b_entry.exists()

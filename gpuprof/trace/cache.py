@@ -80,6 +80,7 @@ def load(path: Path, key: str, root: Path | None = None) -> RankTrace | None:
         m = meta["meta"]
         m["warnings"] = tuple(m.get("warnings", ()))
         m["path"] = str(path)
+        _touch(entry)
         return RankTrace(meta=TraceMeta(**m), **frames)
     except Exception:  # anything wrong with an entry: rebuild it from the trace
         shutil.rmtree(entry, ignore_errors=True)
@@ -100,6 +101,7 @@ def store(trace: RankTrace, key: str, root: Path | None = None) -> None:
                                                    "categoricals": cats}, default=_json))
         try:
             os.replace(tmp, base / key)
+            prune(base)
         except OSError:  # another process stored it first
             shutil.rmtree(tmp, ignore_errors=True)
     except Exception:
@@ -151,7 +153,9 @@ def get_result(key: str, root: Path | None = None) -> Any:
         return None
     try:
         with open(f, "rb") as fh:
-            return pickle.load(fh)
+            value = pickle.load(fh)
+        _touch(f)
+        return value
     except Exception:  # truncated or from an incompatible version: recompute
         f.unlink(missing_ok=True)
         return None
@@ -165,6 +169,55 @@ def put_result(key: str, value: Any, root: Path | None = None) -> None:
         with os.fdopen(fd, "wb") as fh:
             pickle.dump(value, fh, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp, base / f"{key}.pkl")
+        prune(base.parent)
     except Exception:
         if "tmp" in locals():
             Path(locals()["tmp"]).unlink(missing_ok=True)
+
+
+# --- size ------------------------------------------------------------------------------------
+
+def max_bytes() -> int:
+    """The cache's size limit: ``$GPUPROF_CACHE_MAX_GB`` (default 20)."""
+    try:
+        return int(float(os.environ.get("GPUPROF_CACHE_MAX_GB", "20")) * 2**30)
+    except ValueError:
+        return 20 * 2**30
+
+
+def _touch(p: Path) -> None:
+    try:
+        os.utime(p)  # entries are evicted least recently used first
+    except OSError:
+        pass
+
+
+def prune(root: Path | None = None, limit: int | None = None) -> list[Path]:
+    """Delete the least recently used entries (trace frames and results) until the cache fits in
+    ``limit`` bytes (default ``max_bytes()``); returns what was deleted."""
+    base = root or cache_dir()
+    limit = max_bytes() if limit is None else limit
+    entries: list[tuple[float, int, Path]] = []
+    try:
+        for e in base.iterdir():
+            if e.name.startswith(".tmp-") or e.name == "results":
+                continue
+            if e.is_dir():
+                entries.append((e.stat().st_mtime, sum(f.stat().st_size for f in e.iterdir()), e))
+        if (base / "results").is_dir():
+            entries += [(f.stat().st_mtime, f.stat().st_size, f) for f in (base / "results").iterdir()
+                        if f.suffix == ".pkl"]
+    except OSError:
+        return []
+    total = sum(size for _, size, _ in entries)
+    gone = []
+    for _, size, e in sorted(entries, key=lambda x: x[0]):
+        if total <= limit:
+            break
+        if e.is_dir():
+            shutil.rmtree(e, ignore_errors=True)
+        else:
+            e.unlink(missing_ok=True)
+        total -= size
+        gone.append(e)
+    return gone
