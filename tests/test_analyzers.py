@@ -154,3 +154,16 @@ def test_recorded_torchrun_run_folder() -> None:
     # rank 1 sleeps 40 ms per step on the host: the waiting rank's real loss is of that order
     assert 25 < top.estimated_savings_ms < 50
     assert a.summary["unprofiled_step_time_ms"] == a.run["unprofiled_step_ms"]
+
+
+def test_recorded_dataloader_runs() -> None:
+    """`gpuprof record` of the vision program on an H200 with 12 DataLoader worker processes and
+    with loading inline: both complete; the input pipeline is the first finding only inline, and
+    its saving is of the order of the measured step-time gap (81.6 vs 5.1 ms unprofiled)."""
+    workers = gpuprof.analyze(SAMPLES / "run_vision_workers")
+    inline = gpuprof.analyze(SAMPLES / "run_vision_inline")
+    assert workers.run["ranks"][0]["status"] == inline.run["ranks"][0]["status"] == "complete"
+    assert "input_pipeline" not in [f.category for f in workers.findings]
+    top = inline.findings[0]
+    gap = inline.run["unprofiled_step_ms"] - workers.run["unprofiled_step_ms"]
+    assert top.category == "input_pipeline" and 0.6 * gap < top.estimated_savings_ms < 1.2 * gap

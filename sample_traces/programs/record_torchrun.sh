@@ -14,3 +14,6 @@ timeout 240 python3 -m gpuprof.cli record --out "$R/run_ddp2_slow" -- torchrun -
 python3 -m gpuprof.cli report "$R/run_ddp2_slow" --format json > "$R/run_ddp2_slow_report.json"
 python3 -m gpuprof.cli report "$R/run_ddp2_slow" --format text | head -40
 GPUPROF_BENCH_BATCH=32 timeout 240 python3 benchmarks/record_overhead.py "$R/overhead" ${OVERHEAD_VARIANTS:-} 2>&1 | grep -v Warn | tail -12
+# (on one GPU) DataLoader worker processes under the recorder: run_vision_workers, run_vision_inline
+#   for L in workers inline; do python3 -m gpuprof.cli record --out "$R/run_vision_$L" -- \
+#     python3 $P/vision.py --loader $L --no-profile --out /tmp/u.json.gz --timed-steps 20; done
