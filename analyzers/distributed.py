@@ -9,7 +9,10 @@ the transfer part belongs to exposed_communication, the waiting part to rank_imb
 exposed_communication — Estimate: the exposed transfer time while GPU work was queued behind it,
 less the largest single collective per step (the last gradient bucket cannot overlap backward),
 plus the host gaps around mostly-exposed collectives.
-rank_imbalance — Estimate: the waiting time on each rank that held work up: only the part of a
+rank_imbalance — Every rank that waits little (within ``SLOW_SHARE`` of the way from the slowest
+to the most-waiting rank) is slow: one slow node is several slow ranks, and all their idle time
+inside the others' waits is the same lost time, claimed by this finding alone. Estimate: the
+waiting time on each rank that held work up: only the part of a
 wait after the GPU work following the collective had been launched (before that, the waiting
 rank's own host was the limit and the wait cost nothing), and only on a waiting rank that is held
 up: its runtime calls block (launch queue full) for at least ``HELD_FRACTION`` of its waits more
@@ -209,8 +212,12 @@ def _plan_imbalance(c: pd.DataFrame, parts: dict[int, RankPart], detail: SlowDet
     if wait[waiting] <= 0:
         return {}
     sp = parts[slow]
+    # Every rank that barely waits is as slow as the slowest (one slow node is several slow ranks):
+    # their idle time inside the others' waits is the same lost time.
+    slow_set = sorted(int(cast(int, r)) for r in wait.index
+                      if wait[r] <= wait[slow] + SLOW_SHARE * (wait[waiting] - wait[slow]))
     c = c.assign(real_wait=c["exposed_wait"])
-    waits = c[(c["rank"] != slow) & (c["exposed_wait"] > 0)]
+    waits = c[~c["rank"].isin(slow_set) & (c["exposed_wait"] > 0)]
     info = detail(slow, waits[["rank", "abs_ts", "wait"]], waiting) if len(waits) else {}
     # A wait spent while the slow rank ran recorded ops is partly the profiler's own host cost there:
     # deflate by that rank's cost per recorded event (known from --step-ms), as for idle gaps.
@@ -246,14 +253,18 @@ def _plan_imbalance(c: pd.DataFrame, parts: dict[int, RankPart], detail: SlowDet
     if not sp.unprofiled_step_ms:
         ev["note"] = HOST_NOTE
     ev.update(info.get("meanwhile", {}))
-    # The slow rank's own idle gaps inside the others' waits are the same lost time: it claims them.
+    if len(slow_set) > 1:
+        ev["slow_ranks"] = slow_set
+    # The slow ranks' own idle gaps inside the others' waits are the same lost time: they claim them.
     order = np.argsort(waits["abs_ts"].to_numpy())
-    a = waits["abs_ts"].to_numpy()[order] - sp.meta.t0_epoch_ns / 1000.0
-    b = np.maximum.accumulate(a + waits["wait"].to_numpy()[order])
+    starts = waits["abs_ts"].to_numpy()[order]
+    ends = np.maximum.accumulate(starts + waits["wait"].to_numpy()[order])
     priority = max(sum(u.values()) / parts[r].n_steps for r, u in kernel_units.items()) / 1000.0
     common = dict(
         id="GP-RANK-001", category="rank_imbalance",
-        title=f"Rank {slow} is slow: rank {waiting} waits {ms(real[waiting]):.1f} ms per step for it in collectives",
+        title=(f"Rank {slow} is slow" if len(slow_set) == 1 else f"{len(slow_set)} ranks are slow ({_ranks(slow_set)})")
+              + f": rank {waiting} waits {ms(real[waiting]):.1f} ms per step for "
+              + ("it" if len(slow_set) == 1 else "them") + " in collectives",
         confidence="high" if sp.unprofiled_step_ms else "low",
         recommendation=f"Find what rank {slow} does that the others do not ({ev.get('slow_rank_doing', 'see evidence')}): "
                        "balance data loading and preprocessing across ranks (DataLoader workers per rank, same "
@@ -261,12 +272,20 @@ def _plan_imbalance(c: pd.DataFrame, parts: dict[int, RankPart], detail: SlowDet
                        "one rank, and check that rank's GPU for throttling.",
         evidence=ev, priority_ms=priority)
     out = {r: CrossCandidate(**common, kernel_units=u) for r, u in kernel_units.items()}  # type: ignore[arg-type]
-    out[slow] = CrossCandidate(**common, kernel_units=kernel_units.get(slow, {}),  # type: ignore[arg-type]
-                               zero_gap_windows=(tuple(a.tolist()), tuple(b.tolist())))
+    for r in slow_set:  # windows on each slow rank's own clock
+        t0 = parts[r].meta.t0_epoch_ns / 1000.0
+        out[r] = CrossCandidate(**common, kernel_units=kernel_units.get(r, {}),  # type: ignore[arg-type]
+                                zero_gap_windows=(tuple((starts - t0).tolist()), tuple((ends - t0).tolist())))
     return out
 
 
+def _ranks(ranks: list[int], most: int = 6) -> str:
+    shown = ", ".join(str(r) for r in ranks[:most])
+    return shown + (f" and {len(ranks) - most} more" if len(ranks) > most else "")
+
+
 HELD_FRACTION = 0.1  # blocked host time, as a share of the waits, that marks a rank as held up
+SLOW_SHARE = 0.1  # a rank waiting less than this share of the way from the slowest to the most-waiting is slow too
 
 
 def slow_detail(r: RankResult, waits: pd.DataFrame, waiting: int) -> dict[str, Any]:
