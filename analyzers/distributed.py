@@ -243,7 +243,11 @@ def _plan_imbalance(c: pd.DataFrame, parts: dict[int, RankPart], detail: SlowDet
     kernel_units = {r: u for r, u in kernel_units.items() if u}
     if not kernel_units:
         return {}
+    skew = c.groupby(["step", "i"])["wait"].max()  # per collective: how far apart the ranks arrived
     ev: dict[str, Any] = {"slow_rank": slow, "waiting_rank": waiting,
+                          "collective_skew_ms": {"median": round(ms(float(skew.median())), 3),
+                                                 "p95": round(ms(float(skew.quantile(0.95))), 3),
+                                                 "max": round(ms(float(skew.max())), 3), "collectives": len(skew)},
                           "waiting_rank_host_blocked_ms_per_step": round(ms(blocked_us), 3),
                           "wait_ms_per_step_traced": {int(cast(int, r)): round(ms(v), 3) for r, v in wait.items()},
                           "wait_ms_per_step": {int(cast(int, r)): round(ms(v), 3) for r, v in real.items()},
