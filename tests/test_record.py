@@ -254,6 +254,7 @@ def test_sampler_writes_rows_and_switches_off_failing_metrics(tmp_path: Path) ->
     assert len(counted) >= 2 and int(counted[-1]["pcie_tx_bytes"]) > int(counted[0]["pcie_tx_bytes"])
     assert int(rows[1]["ts_ns"]) - int(rows[0]["ts_ns"]) == 50_000_000
     assert set(s.group_us) == {"util", "memory", "counters"} and s.periods_s["memory"] >= 0.05
+    assert rows[-1]["pcie_tx_bytes"] and rows[-1]["mem_used_mb"]  # a last row with every group at stop
 
 
 def test_sampler_plan_keeps_within_the_cpu_budget() -> None:

@@ -47,7 +47,7 @@ FIELDS = {"pcie_tx_bytes": "NVML_FI_DEV_PCIE_COUNT_TX_BYTES", "pcie_rx_bytes": "
 #: are cumulative.
 MIN_PERIOD_S = {"util": 0.25, "memory": 1.0, "gpm": 1.0, "counters": 1.0}
 #: ... and the longest: past it the group is read anyway, budget or not.
-MAX_PERIOD_S = {"util": 2.0, "memory": 10.0, "gpm": 10.0, "counters": 10.0}
+MAX_PERIOD_S = {"util": 2.0, "memory": 10.0, "gpm": 20.0, "counters": 30.0}
 CPU_BUDGET_PCT = 0.5  # of one core, for the whole sampler thread
 PLAN_SHARE = 0.85  # plan to this share of the budget: read costs vary from one read to the next
 PAYBACK_S = 10.0  # CPU spent over budget is paid back over this many seconds
@@ -316,6 +316,12 @@ class Sampler(threading.Thread):
                     self.replan(max(0.0, total_us - groups_us), used_us - allowed_us)
                 if self.samples == max(1, round(self.hz)):
                     steady = (time.thread_time(), time.monotonic())
+            try:  # a last row with every group: cumulative counters and GPM cover the run to its end
+                self._due = dict.fromkeys(self._due, 0)
+                self._next_due = 0
+                pending.extend(self.sample_once())
+            except Exception as e:
+                self.off.setdefault("sampler", f"{e.__class__.__name__}: {e}")
             w.writerows(pending)
         self.cpu_seconds = time.thread_time() - t_cpu
         if steady is not None:
