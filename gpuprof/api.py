@@ -424,8 +424,7 @@ def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | 
                   analyzers: Sequence[str] | None, step_ms: float | None, workers: int | None, dask: str | None,
                   manifest: dict[str, Any], samples: pd.DataFrame | None, period: float,
                   gpu_of: dict[int, int], whole_result_cache: bool = False) -> Analysis:
-    from gpuprof.analyzers import contributions_in_memory, distributed, findings_of, merge, rank_findings, select, \
-        step_ms_of
+    from gpuprof.analyzers import contributions_in_memory, distributed, findings_of, select
     from gpuprof.trace import cache as pcache
 
     result_key = None
@@ -463,8 +462,9 @@ def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | 
             if result_key is not None:
                 pcache.put_result(result_key, (base.parts, spec, contribs))
             return replace(base, findings=tuple(findings_of(base.parts, contribs)), skipped=tuple(skipped))
-        parts = tuple(replace(firsts[i][0], meta=metas[i], nvml=_rank_samples(metas[i], firsts[i][0].steps, samples,
-                                                                                gpu_of), nvml_period_s=period)
+        parts = tuple(replace(firsts[i][0], meta=metas[i],
+                              collectives=firsts[i][0].collectives.assign(rank=metas[i].rank),
+                              nvml=_rank_samples(metas[i], firsts[i][0].steps, samples, gpu_of), nvml_period_s=period)
                       for i in order)
         active, skipped = select(parts, spec, analyzers)
         names = [a.name for a in active]
@@ -472,8 +472,7 @@ def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | 
         cross = distributed.plan(parts, lambda slow, waits, waiting: ex.call(slow_job, job_of[slow], waits, waiting),
                                  names)
         contribs = ex.map(findings_job, jobs, parts, [names] * len(parts), [cross.get(p.rank, []) for p in parts])
-    steps, step_ms_by_rank = step_ms_of(parts)
-    findings = rank_findings(merge([c for cs in contribs for c in cs], steps, step_ms_by_rank))
+    findings = findings_of(parts, [c for cs in contribs for c in cs])
     return Analysis(parts=parts, spec=spec, findings=tuple(findings), skipped=tuple(skipped), run=manifest,
                     jobs=tuple(jobs))
 

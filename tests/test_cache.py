@@ -226,3 +226,20 @@ def test_several_slow_ranks_share_the_lost_time(tmp_path: Path, monkeypatch: pyt
     launch = {f.category: f.estimated_savings_ms for f in eight.findings}.get("launch_overhead", 0.0)
     launch_pair = {f.category: f.estimated_savings_ms for f in pair.findings}.get("launch_overhead", 0.0)
     assert launch < launch_pair + 1.0
+
+
+def test_files_claiming_one_rank_are_told_apart_alike(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two files that both say rank 0 (here: copies of a real DDP rank trace) become ranks 0 and 1
+    by order, with their collectives, the same way whether ranks are analysed apart or in memory."""
+    monkeypatch.setenv("GPUPROF_CACHE_DIR", str(tmp_path / "cache"))
+    import gpuprof
+
+    d = tmp_path / "same"
+    d.mkdir()
+    for name in ("a.json.gz", "b.json.gz"):
+        (d / name).write_bytes((SAMPLES / "ddp_good" / "rank0.json.gz").read_bytes())
+    apart = gpuprof.analyze(d, workers=2)
+    memory = gpuprof.analyze(d, workers=1, keep_traces=True)
+    assert [p.rank for p in apart.parts] == [0, 1]
+    assert [sorted(p.collectives["rank"].unique().tolist()) for p in apart.parts] == [[0], [1]]
+    assert apart.to_dict() == memory.to_dict()
