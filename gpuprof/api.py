@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Sequence
@@ -305,7 +306,7 @@ class _Exec:
                 if dask == "local":
                     self.cluster = LocalCluster(  # type: ignore[no-untyped-call]
                         n_workers=min(n, workers or os.cpu_count() or 1), threads_per_worker=1, processes=True,
-                        dashboard_address=None)
+                        dashboard_address=None, silence_logs=logging.CRITICAL)  # a bad trace: one line, ours
                     self.client = Client(self.cluster)  # type: ignore[no-untyped-call]
                 else:
                     self.client = Client(dask, timeout="10s")  # type: ignore[no-untyped-call]

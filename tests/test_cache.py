@@ -243,3 +243,19 @@ def test_files_claiming_one_rank_are_told_apart_alike(tmp_path: Path, monkeypatc
     assert [p.rank for p in apart.parts] == [0, 1]
     assert [sorted(p.collectives["rank"].unique().tolist()) for p in apart.parts] == [[0], [1]]
     assert apart.to_dict() == memory.to_dict()
+
+
+def test_a_bad_rank_trace_on_dask_is_one_line(tmp_path: Path) -> None:
+    pytest.importorskip("distributed")
+    import subprocess
+    import sys
+
+    d = tmp_path / "ranks"
+    d.mkdir()
+    (d / "rank0.json.gz").write_bytes((SAMPLES / "ddp_good" / "rank0.json.gz").read_bytes())
+    (d / "rank1.json.gz").write_bytes((SAMPLES / "ddp_good" / "rank1.json.gz").read_bytes()[:20000])
+    r = subprocess.run([sys.executable, "-m", "gpuprof.cli", "report", str(d), "--format", "json", "--dask", "local",
+                        "--no-cache"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 3 and r.stdout == ""
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "rank1.json.gz: truncated gzip stream" in lines[0], r.stderr[-2000:]
