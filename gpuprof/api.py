@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -293,7 +293,9 @@ def _clean(d: Any) -> Any:
 class _Exec:
     """Where per-rank work runs: this process, local worker processes, or a Dask cluster."""
 
-    def __init__(self, n: int, workers: int | None, dask: str | None) -> None:
+    def __init__(self, n: int, workers: int | None, dask: str | None,
+                 progress: Callable[[int, int, str], None] | None = None) -> None:
+        self.progress = progress
         self.client: Any = None
         self.cluster: Any = None
         self.pool: Any = None
@@ -319,13 +321,33 @@ class _Exec:
 
             self.pool = ProcessPoolExecutor(max_workers=w)
 
-    def map(self, fn: Any, *args: Sequence[Any]) -> list[Any]:
+    def map(self, fn: Any, *args: Sequence[Any], stage: str = "") -> list[Any]:
+        """``fn`` over the argument lists, results in order; ``progress(done, total, stage)`` is
+        called as results arrive (when several)."""
+        n = len(args[0]) if args else 0
+        report = self.progress if self.progress is not None and stage and n > 1 else None
         if self.client is not None:
             futures = self.client.map(fn, *args, pure=False)
+            if report is not None:
+                from dask.distributed import as_completed as dask_completed
+
+                for i, _ in enumerate(dask_completed(futures), 1):  # type: ignore[no-untyped-call]
+                    report(i, n, stage)
             return list(self.client.gather(futures))
         if self.pool is not None:
-            return list(self.pool.map(fn, *args))
-        return list(map(fn, *args))
+            from concurrent.futures import as_completed
+
+            pending = [self.pool.submit(fn, *a) for a in zip(*args)]
+            if report is not None:
+                for i, _ in enumerate(as_completed(pending), 1):
+                    report(i, n, stage)
+            return [f.result() for f in pending]
+        out = []
+        for i, a in enumerate(zip(*args), 1):
+            out.append(fn(*a))
+            if report is not None:
+                report(i, n, stage)
+        return out
 
     def call(self, fn: Any, *args: Any) -> Any:
         return self.map(fn, *[[a] for a in args])[0]
@@ -383,7 +405,8 @@ def slow_job(job: Job, waits: pd.DataFrame, waiting: int) -> dict[str, Any]:
 
 def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gpu_spec: str | None = None,
             analyzers: Sequence[str] | None = None, step_ms: float | None = None, cache: bool = True,
-            workers: int | None = None, dask: str | None = None, keep_traces: bool | None = None) -> Analysis:
+            workers: int | None = None, dask: str | None = None, keep_traces: bool | None = None,
+            progress: Callable[[int, int, str], None] | None = None) -> Analysis:
     """Load and analyse traces. ``gpu`` overrides the trace's device name (e.g. ``"H100-SXM"``);
     ``gpu_spec`` is a spec file (``gpuprof calibrate`` output); ``analyzers`` restricts which run;
     ``step_ms`` is the step time measured *without* the profiler (from training logs), which
@@ -397,7 +420,8 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
     or ``"local"``). Unless ``keep_traces`` (default: only for a single trace), each rank is
     reduced where it is loaded to a small summary (:mod:`gpuprof.ranks`) and only those cross to
     this process, so memory here does not grow with the traces; ``Analysis.ranks`` then loads
-    the frames again on first use."""
+    the frames again on first use. ``progress(done, total, stage)``, when given, is called as
+    ranks finish each stage ("loaded", "summarised", "analysed")."""
     seq = [paths] if isinstance(paths, (str, Path)) else list(paths)
     folder, manifest = _manifest(seq)
     if step_ms is None and isinstance(manifest.get("unprofiled_step_ms"), (int, float)):
@@ -415,7 +439,7 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="gpuprof-cache-"))
             jobs = [replace(j, cache=True, cache_root=tmp) for j in jobs]
         a = _analyze_jobs(jobs, keep, gpu, gpu_spec, analyzers, step_ms, workers, dask, manifest, samples,
-                          period, gpu_of, whole_result_cache=keep_traces is None)
+                          period, gpu_of, whole_result_cache=keep_traces is None, progress=progress)
     if not cache:  # loading again later (Analysis.ranks) must not look for the private cache
         a = replace(a, jobs=tuple(replace(j, cache=False, cache_root=None) for j in a.jobs))
     return a
@@ -424,7 +448,8 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
 def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | None,
                   analyzers: Sequence[str] | None, step_ms: float | None, workers: int | None, dask: str | None,
                   manifest: dict[str, Any], samples: pd.DataFrame | None, period: float,
-                  gpu_of: dict[int, int], whole_result_cache: bool = False) -> Analysis:
+                  gpu_of: dict[int, int], whole_result_cache: bool = False,
+                  progress: Callable[[int, int, str], None] | None = None) -> Analysis:
     from gpuprof.analyzers import contributions_in_memory, distributed, findings_of, select
     from gpuprof.trace import cache as pcache
 
@@ -438,12 +463,12 @@ def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | 
             _, skipped_hit = select(parts_hit, spec_hit, analyzers)
             return Analysis(parts=parts_hit, spec=spec_hit, findings=tuple(findings_of(parts_hit, contribs_hit)),
                             skipped=tuple(skipped_hit), run=manifest, jobs=tuple(jobs))
-    with _Exec(len(jobs), workers, dask) as ex:
+    with _Exec(len(jobs), workers, dask, progress) as ex:
         if keep:
-            traces = ex.map(_trace_job, jobs)
+            traces = ex.map(_trace_job, jobs, stage="loaded")
             metas = [t.meta for t in traces]
         else:
-            firsts = ex.map(part_job, jobs)
+            firsts = ex.map(part_job, jobs, stage="summarised")
             metas = [p.meta for p, _ in firsts]
         ranks = [m.rank for m in metas]
         if len(set(ranks)) != len(ranks):  # e.g. several single-GPU traces: keep them apart by order
@@ -472,7 +497,8 @@ def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | 
         job_of = {p.rank: j for p, j in zip(parts, jobs)}
         cross = distributed.plan(parts, lambda slow, waits, waiting: ex.call(slow_job, job_of[slow], waits, waiting),
                                  names)
-        contribs = ex.map(findings_job, jobs, parts, [names] * len(parts), [cross.get(p.rank, []) for p in parts])
+        contribs = ex.map(findings_job, jobs, parts, [names] * len(parts), [cross.get(p.rank, []) for p in parts],
+                          stage="analysed")
     findings = findings_of(parts, [c for cs in contribs for c in cs])
     return Analysis(parts=parts, spec=spec, findings=tuple(findings), skipped=tuple(skipped), run=manifest,
                     jobs=tuple(jobs))

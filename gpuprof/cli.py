@@ -21,6 +21,11 @@ def _fail(e: GpuprofError) -> None:
     sys.exit(e.exit_code)
 
 
+def _progress(done: int, total: int, stage: str) -> None:
+    """One self-overwriting line on a terminal: ``gpuprof: 37/256 ranks summarised``."""
+    click.echo(f"\rgpuprof: {done}/{total} ranks {stage}\x1b[K", err=True, nl=done == total)
+
+
 def _color() -> bool:
     return sys.stdout.isatty() and "NO_COLOR" not in os.environ
 
@@ -99,7 +104,8 @@ def report(paths: tuple[Path, ...], fmt: str, output: Path | None, force: bool, 
         if sys.stderr.isatty():
             click.echo(f"gpuprof: analysing {len(paths)} path(s)…", err=True)
         analysis = gpuprof.analyze(list(paths), gpu=gpu, gpu_spec=str(gpu_spec) if gpu_spec else None,
-                                   step_ms=step_ms, cache=not no_cache, workers=workers, dask=dask_address)
+                                   step_ms=step_ms, cache=not no_cache, workers=workers, dask=dask_address,
+                                   progress=_progress if sys.stderr.isatty() else None)
         if fmt == "html":
             target = output or _fresh_path(Path("gpuprof-report.html"))
             _write_new(target, analysis.to_html(), force)

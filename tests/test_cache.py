@@ -76,8 +76,10 @@ def test_ranks_analysed_apart_match_ranks_in_memory(folder: str, tmp_path: Path,
     import gpuprof
 
     memory = gpuprof.analyze(SAMPLES / folder, workers=1, keep_traces=True)
-    apart = gpuprof.analyze(SAMPLES / folder, workers=2)
+    seen: list[tuple[int, int, str]] = []
+    apart = gpuprof.analyze(SAMPLES / folder, workers=2, progress=lambda *a: seen.append(a))
     assert apart.results is None and memory.results is not None
+    assert seen == [(1, 2, "summarised"), (2, 2, "summarised"), (1, 2, "analysed"), (2, 2, "analysed")]
     assert memory.to_dict() == apart.to_dict()
     real = 0.7 * memory.summary["step_time_ms"]
     a = gpuprof.analyze(SAMPLES / folder, workers=1, keep_traces=True, step_ms=real).to_dict()
@@ -119,7 +121,9 @@ def test_dask_local_cluster_on_eight_ranks(tmp_path: Path, monkeypatch: pytest.M
     import gpuprof
 
     folder = _eight_ranks(tmp_path)
-    on_dask = gpuprof.analyze(folder, dask="local", workers=2, cache=False)
+    seen: list[tuple[int, int, str]] = []
+    on_dask = gpuprof.analyze(folder, dask="local", workers=2, cache=False, progress=lambda *a: seen.append(a))
+    assert [x for x in seen if x[0] == x[1]] == [(8, 8, "summarised"), (8, 8, "analysed")] and len(seen) == 16
     local = gpuprof.analyze(folder, workers=1, cache=False)
     assert [p.rank for p in on_dask.parts] == list(range(8)) and on_dask.results is None
     a, b = on_dask.to_dict(), local.to_dict()
