@@ -101,15 +101,15 @@ def test_ranks_apart_without_the_cache_leave_no_cache(tmp_path: Path, monkeypatc
     assert a.to_dict() == gpuprof.analyze(SAMPLES / "ddp_good", workers=1, keep_traces=True).to_dict()
 
 
-def _eight_ranks(tmp_path: Path) -> Path:
-    """Eight rank traces derived in test code from the two real DDP rank traces: copies with
+def _eight_ranks(tmp_path: Path, pair: str = "ddp_good") -> Path:
+    """Eight rank traces derived in test code from a real 2-rank DDP pair: copies with
     distributedInfo set to ranks 0-7 of 8 (the events are the recorded ones)."""
     import gzip
 
     d = tmp_path / "eight"
     d.mkdir()
     for r in range(8):
-        doc = json.loads(gzip.decompress((SAMPLES / "ddp_good" / f"rank{r % 2}.json.gz").read_bytes()))
+        doc = json.loads(gzip.decompress((SAMPLES / pair / f"rank{r % 2}.json.gz").read_bytes()))
         doc["distributedInfo"] = {**doc.get("distributedInfo", {}), "rank": r, "world_size": 8}
         (d / f"rank{r}.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode(), 1))
     return d
@@ -212,17 +212,9 @@ def test_several_slow_ranks_share_the_lost_time(tmp_path: Path, monkeypatch: pyt
     so no other finding claims it again (the launch-overhead saving stays what the 2-rank pair
     shows, about 1 ms, instead of the 56 ms of the slow ranks' sleeps)."""
     monkeypatch.setenv("GPUPROF_CACHE_DIR", str(tmp_path / "cache"))
-    import gzip
-
     import gpuprof
 
-    d = tmp_path / "eight"
-    d.mkdir()
-    for r in range(8):
-        doc = json.loads(gzip.decompress((SAMPLES / "ddp_slow_rank" / f"rank{r % 2}.json.gz").read_bytes()))
-        doc["distributedInfo"] = {**doc.get("distributedInfo", {}), "rank": r, "world_size": 8}
-        (d / f"rank{r}.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode(), 1))
-    eight = gpuprof.analyze(d, workers=2)
+    eight = gpuprof.analyze(_eight_ranks(tmp_path, "ddp_slow_rank"), workers=2)
     pair = gpuprof.analyze(SAMPLES / "ddp_slow_rank", workers=1)
     top = eight.findings[0]
     assert top.category == "rank_imbalance" and top.evidence["slow_ranks"] == [1, 3, 5, 7]
