@@ -24,8 +24,21 @@ import pandas as pd
 import gpuprof
 from gpuprof.errors import GpuprofError, TraceError
 from gpuprof.findings import Finding
-from gpuprof.ranks import (Job, RankPart, RankResult, cached, digest, job_key, kernel_table, load_rank,
-                           load_trace_cached, part_job, part_of, result_of, with_rank)
+from gpuprof.ranks import (
+    Job,
+    RankPart,
+    RankResult,
+    cached,
+    digest,
+    job_key,
+    kernel_table,
+    load_rank,
+    load_trace_cached,
+    part_job,
+    part_of,
+    result_of,
+    with_rank,
+)
 from gpuprof.specs import GpuSpec, resolve
 from gpuprof.timeline import CLASSES
 from gpuprof.trace.model import RankTrace, TraceMeta
