@@ -110,18 +110,13 @@ def read_bytes(path: Path) -> bytes:
 def _decode(path: Path, data: bytes, decoder: Any = _DECODER) -> Any:
     if not data.strip():
         raise TraceError("empty file", str(path))
-    gc_was_on = gc.isenabled()
-    gc.disable()  # millions of small acyclic objects: collection passes would only cost time
-    try:
+    try:  # (load_trace keeps the garbage collector off meanwhile)
         doc = decoder.decode(data)
     except msgspec.DecodeError as e:
         msg = str(e)
         if "truncated" in msg.lower():
             raise TraceError("truncated JSON (was the run killed while the trace was written?)", str(path)) from None
         raise TraceError(f"not a Kineto trace: {msg}", str(path)) from None
-    finally:
-        if gc_was_on:
-            gc.enable()
     if decoder is not _DECODER:
         return doc
     if isinstance(doc, list):  # a bare chrome-trace event array
@@ -144,11 +139,6 @@ def _num(values: list[Any], dtype: str = "float64") -> np.ndarray:
         ok = np.isfinite(a) & (a == np.floor(a))
         return np.where(ok, a, -1.0).astype(np.int64)
     return a
-
-
-def _raw_text(raw: msgspec.Raw) -> bytes | None:
-    """JSON of a raw argument (copied, so the file's buffer can be freed); None if absent."""
-    return bytes(raw) if len(raw) else None
 
 
 def parse_arg(text: bytes | str | None) -> Any:
