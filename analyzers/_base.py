@@ -365,21 +365,6 @@ def finalize(analysis: Analysis, candidates: list[Candidate]) -> list[Finding]:
     return merge(contribs, steps, step_ms)
 
 
-def parsed_column(ops: pd.DataFrame, column: str, rows: Iterable[int]) -> dict[int, Any]:
-    """``column`` of the given op rows, parsed from the recorded JSON, once per distinct value."""
-    from gpuprof.trace.load import parse_arg
-
-    values = ops[column].to_numpy()
-    seen: dict[Any, Any] = {}
-    out = {}
-    for r in rows:
-        raw = values[int(r)]
-        if raw not in seen:
-            seen[raw] = parse_arg(raw)
-        out[int(r)] = seen[raw]
-    return out
-
-
 def per_shape(ops: pd.DataFrame, rows: Iterable[int], fn: Any, by_name: bool = False) -> dict[int, Any]:
     """``fn(input dims)`` (or ``fn(op name, input dims)`` with ``by_name``) of the given op rows,
     computed once per distinct recorded value: a step repeats the same shapes thousands of times."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from gpuprof.analyzers._base import Candidate, ms, parsed_column, top_names, views
+from gpuprof.analyzers._base import Candidate, ms, per_shape, top_names, views
 
 from gpuprof.costmodel import _numel
 
@@ -43,7 +43,7 @@ def run(analysis: Analysis) -> list[Candidate]:
         params = 0
         for name in candidates:  # the once-per-parameter op with the largest first argument
             rows = k.loc[names == name, "op"].unique()
-            total = sum(_numel(_first(d)) for d in parsed_column(ops, "input_dims", rows).values()) / v.n_steps
+            total = sum(per_shape(ops, rows, lambda d: _numel(_first(d))).values()) / v.n_steps
             params = max(params, int(total))
         opt_name = _optimizer_name(v.trace.annotations)
         per_param = 5 * 4 if "SGD" in opt_name else 7 * 4
