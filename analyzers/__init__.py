@@ -129,13 +129,6 @@ def rank_contributions(one_rank: Analysis, active: Sequence[Analyzer], cross: Se
         release_views(one_rank)
 
 
-def step_ms_of(parts: Sequence[RankPart]) -> tuple[dict[int, int], dict[int, float]]:
-    """Steps per rank, and the step time savings are a share of: the real (unprofiled) one when
-    known, else the traced one."""
-    return ({p.rank: p.n_steps for p in parts},
-            {p.rank: p.unprofiled_step_ms or p.summary.step_time_ms for p in parts})
-
-
 def contributions_in_memory(analysis: Analysis, only: Sequence[str] | None = None,
                             registry: Sequence[Analyzer] | None = None
                             ) -> tuple[list[Contribution], list[dict[str, str]]]:
@@ -154,8 +147,7 @@ def contributions_in_memory(analysis: Analysis, only: Sequence[str] | None = Non
 
 def findings_of(parts: Sequence[RankPart], contribs: Sequence[Contribution]) -> list[Finding]:
     """Ranked findings from the ranks' contributions."""
-    steps, step_ms = step_ms_of(parts)
-    return rank_findings(merge(contribs, steps, step_ms))
+    return rank_findings(merge(contribs, parts))
 
 
 def run_analyzers(analysis: Analysis, only: Sequence[str] | None = None,

@@ -34,6 +34,7 @@ from gpuprof.ranks import event_cost_us
 
 if TYPE_CHECKING:
     from gpuprof.api import Analysis, RankResult
+    from gpuprof.ranks import RankPart
 
 Unit = tuple[Any, ...]
 
@@ -311,13 +312,16 @@ def claim(rank: int, candidates: Sequence[Candidate], n_steps: int) -> list[Cont
     return out
 
 
-def merge(contributions: Iterable[Contribution], steps: dict[int, int], step_ms: dict[int, float]) -> list[Finding]:
+def merge(contributions: Iterable[Contribution], parts: Sequence[RankPart]) -> list[Finding]:
     """One Finding per id from the ranks' contributions.
 
     A finding's saving per step is the largest over ranks of (µs it keeps on that rank) / (that
     rank's steps): ranks of one job step together, so the slowest rank's gain is the job's. Title
-    and evidence come from the rank where it asked for most.
+    and evidence come from the rank where it asked for most. Percentages are of the real
+    (unprofiled) step when it is known, else of the traced one.
     """
+    steps = {p.rank: p.n_steps for p in parts}
+    step_ms = {p.rank: p.unprofiled_step_ms or p.summary.step_time_ms for p in parts}
     by_id: dict[str, list[Contribution]] = {}
     for c in contributions:
         by_id.setdefault(c.id, []).append(c)
@@ -353,8 +357,6 @@ def finalize(analysis: Analysis, candidates: list[Candidate]) -> list[Finding]:
     """Claims rank by rank (:func:`claim`), then one Finding per id (:func:`merge`). A candidate
     with units on several ranks is split by rank first."""
     steps = {p.rank: p.n_steps for p in analysis.parts}
-    # Percentages are of the real step when it is known, else of the traced one.
-    step_ms = {p.rank: p.unprofiled_step_ms or p.summary.step_time_ms for p in analysis.parts}
     per_rank: dict[int, list[Candidate]] = {r: [] for r in steps}
     for c in candidates:
         ranks = sorted({u[1] for u in c.units}) or [next(iter(steps))]
@@ -362,7 +364,7 @@ def finalize(analysis: Analysis, candidates: list[Candidate]) -> list[Finding]:
             units = {u: v for u, v in c.units.items() if u[1] == r}
             per_rank[r].append(replace(c, units=units))
     contribs = [x for r, cs in per_rank.items() for x in claim(r, cs, steps[r])]
-    return merge(contribs, steps, step_ms)
+    return merge(contribs, analysis.parts)
 
 
 def per_shape(ops: pd.DataFrame, rows: Iterable[int], fn: Any, by_name: bool = False) -> dict[int, Any]:
