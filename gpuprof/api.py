@@ -105,7 +105,10 @@ class Analysis:
     def one_rank(self, rank: int) -> Analysis:
         """The analysis of one rank alone, its frames in memory (what per-rank analyzers see)."""
         i = next(i for i, p in enumerate(self.parts) if p.rank == rank)
-        r = self.ranks[i]
+        if self.results is not None or "ranks" in self.__dict__:  # frames already here
+            r = self.ranks[i]
+        else:  # only this rank's frames, not every rank's
+            r = load_rank(self.jobs[i], self.parts[i].nvml, self.parts[i].nvml_period_s)[0]
         return Analysis(parts=(self.parts[i],), spec=self.spec, run=self.run,
                         jobs=self.jobs[i:i + 1], results=(r,))
 

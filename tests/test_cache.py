@@ -80,6 +80,8 @@ def test_ranks_analysed_apart_match_ranks_in_memory(folder: str, tmp_path: Path,
     apart = gpuprof.analyze(SAMPLES / folder, workers=2, progress=lambda *a: seen.append(a))
     assert apart.results is None and memory.results is not None
     assert seen == [(1, 2, "summarised"), (2, 2, "summarised"), (1, 2, "analysed"), (2, 2, "analysed")]
+    one = apart.one_rank(1)  # one rank's frames, loaded alone
+    assert one.results is not None and one.results[0].trace.meta.rank == 1 and "ranks" not in apart.__dict__
     assert memory.to_dict() == apart.to_dict()
     real = 0.7 * memory.summary["step_time_ms"]
     a = gpuprof.analyze(SAMPLES / folder, workers=1, keep_traces=True, step_ms=real).to_dict()
