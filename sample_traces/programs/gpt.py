@@ -15,6 +15,13 @@ Defect switches (the default is the well-tuned program):
   --size tiny             a model so small the host cannot launch kernels fast enough
   --cuda-graph            the whole training step captured once and replayed (the fix)
   --mode decode           KV-cache token-by-token generation instead of training
+  --d-model/--heads/--ffn override the model's sizes (e.g. 1020/4/4084: every GEMM misaligned)
+  --python-work inline    pure-Python tokenisation on the main thread between steps (vs workers)
+  --checkpoint-every N    torch.save of the model every N steps (a long host stall)
+  --empty-cache           torch.cuda.empty_cache() every step (allocator churn)
+  --compile               torch.compile the model
+  --gpu-only / --with-stack   profiler activities=[CUDA] only / Python frames in the trace
+  --profile-capture       profile the CUDA-graph warm-up and capture instead of steady state
   --ddp / --manual-allreduce / --slow-rank-ms   multi-GPU runs under torchrun
 """
 
@@ -57,15 +64,16 @@ def naive_gelu(x: torch.Tensor) -> torch.Tensor:
 
 
 class Block(nn.Module):
-    def __init__(self, d: int, heads: int, seq: int, attn: str, elementwise: str, dropout: float) -> None:
+    def __init__(self, d: int, heads: int, seq: int, attn: str, elementwise: str, dropout: float,
+                 ffn: int = 0) -> None:
         super().__init__()
         self.dropout = dropout
         norm = NaiveLayerNorm if elementwise == "naive" else nn.LayerNorm
         self.ln1, self.ln2 = norm(d), norm(d)
         self.qkv = nn.Linear(d, 3 * d)
         self.proj = nn.Linear(d, d)
-        self.fc = nn.Linear(d, 4 * d)
-        self.fc_out = nn.Linear(4 * d, d)
+        self.fc = nn.Linear(d, ffn or 4 * d)
+        self.fc_out = nn.Linear(ffn or 4 * d, d)
         self.heads, self.attn, self.elementwise = heads, attn, elementwise
         self.register_buffer("mask", torch.tril(torch.ones(seq, seq, dtype=torch.bool)), persistent=False)
         self.k_cache: torch.Tensor | None = None
@@ -103,11 +111,11 @@ class Block(nn.Module):
 
 class GPT(nn.Module):
     def __init__(self, vocab: int, layers: int, d: int, heads: int, seq: int, attn: str, elementwise: str,
-                 dropout: float = 0.1):
+                 dropout: float = 0.1, ffn: int = 0):
         super().__init__()
         self.tok = nn.Embedding(vocab, d)
         self.pos = nn.Embedding(seq, d)
-        self.blocks = nn.ModuleList(Block(d, heads, seq, attn, elementwise, dropout) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(d, heads, seq, attn, elementwise, dropout, ffn) for _ in range(layers))
         self.ln_f = NaiveLayerNorm(d) if elementwise == "naive" else nn.LayerNorm(d)
         self.head = nn.Linear(d, vocab, bias=False)
         self.head.weight = self.tok.weight  # weight tying, as in GPT-2
@@ -124,10 +132,13 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
-def make_profiler(out: str, wait: int, warmup: int, active: int, device: str):
+def make_profiler(out: str, wait: int, warmup: int, active: int, device: str, gpu_only: bool = False,
+                  with_stack: bool = False):
     acts = [torch.profiler.ProfilerActivity.CPU]
     if device == "cuda":
         acts.append(torch.profiler.ProfilerActivity.CUDA)
+    if gpu_only:
+        acts = [torch.profiler.ProfilerActivity.CUDA]
 
     def on_ready(prof: torch.profiler.profile) -> None:
         prof.export_chrome_trace(out)
@@ -137,7 +148,7 @@ def make_profiler(out: str, wait: int, warmup: int, active: int, device: str):
         schedule=torch.profiler.schedule(wait=wait, warmup=warmup, active=active, repeat=1),
         on_trace_ready=on_ready,
         record_shapes=True,
-        with_stack=False,
+        with_stack=with_stack,
     )
 
 
@@ -169,10 +180,22 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--nvtx-step", type=int, default=-1, help="wrap this step in an NVTX range 'ncu_step' (for ncu)")
     p.add_argument("--no-profile", action="store_true")
+    p.add_argument("--d-model", type=int)
+    p.add_argument("--heads", type=int)
+    p.add_argument("--ffn", type=int, default=0)
+    p.add_argument("--python-work", choices=["none", "inline", "workers"], default="none")
+    p.add_argument("--checkpoint-every", type=int, default=0)
+    p.add_argument("--empty-cache", action="store_true")
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--gpu-only", action="store_true")
+    p.add_argument("--with-stack", action="store_true")
+    p.add_argument("--profile-capture", action="store_true")
+    p.add_argument("--timing-windows", type=int, default=1, help="timed windows (each --timed-steps steps)")
     a = p.parse_args()
 
     layers, d, heads, seq, batch = SIZES[a.size]
     batch = a.batch or batch
+    d, heads = a.d_model or d, a.heads or heads
     device = a.device
     rank, world = 0, 1
     if a.ddp:
@@ -191,7 +214,7 @@ def main() -> None:
 
     vocab = a.vocab if a.size != "tiny" else 1024
     with dev:  # build on the device: a CPU init of the decode model takes many seconds
-        model = GPT(vocab, layers, d, heads, seq, a.attn, a.elementwise, a.dropout)
+        model = GPT(vocab, layers, d, heads, seq, a.attn, a.elementwise, a.dropout, a.ffn)
     use_bf16 = a.precision == "bf16"
     autocast_dtype = torch.bfloat16
 
@@ -204,6 +227,8 @@ def main() -> None:
         return
 
     ddp_model: nn.Module = model
+    if a.compile:
+        ddp_model = torch.compile(model)
     if a.ddp and not a.manual_allreduce:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -229,9 +254,15 @@ def main() -> None:
             _ = max(norms)
         opt.step()
         opt.zero_grad(set_to_none=not a.cuda_graph)
+        if a.empty_cache:
+            torch.cuda.empty_cache()
         return loss
 
     step_fn = train_step
+    capture_prof = None
+    if a.cuda_graph and a.profile_capture and not a.no_profile:
+        capture_prof = make_profiler(a.out, wait=0, warmup=0, active=1, device=device, with_stack=a.with_stack)
+        capture_prof.start()
     if a.cuda_graph:
         static_x, static_y = batch_of(batch)
         s = torch.cuda.Stream()
@@ -251,8 +282,38 @@ def main() -> None:
             return static_loss
 
         step_fn = graph_step
+    if capture_prof is not None:  # the capture trace (warm-up, capture, one replay) is the sample
+        graph_step(*batch_of(batch))
+        capture_prof.step()
+        capture_prof.stop()
+        a.no_profile = True
 
     batches = [batch_of(batch) for _ in range(4)]
+    if a.python_work != "none":
+        import sys
+
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from textdata import batches as text_batches
+
+        next_batch = text_batches(a.python_work, vocab, seq, batch, dev)
+        inner_step = step_fn
+
+        def text_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return inner_step(*next_batch())
+
+        step_fn = text_step
+    if a.checkpoint_every:
+        ckpt_path = f"/tmp/gpt_ckpt_{os.getpid()}.pt"
+        counter = iter(range(10**12))
+        inner_ckpt = step_fn
+
+        def ckpt_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            loss = inner_ckpt(x, y)
+            if next(counter) % a.checkpoint_every == 0:
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, ckpt_path)
+            return loss
+
+        step_fn = ckpt_step
 
     def host_delay() -> None:
         if a.slow_rank_ms and rank == world - 1:
@@ -264,23 +325,27 @@ def main() -> None:
     for i in range(5):
         host_delay()
         step_fn(*batches[i % 4])
-    sync(device)
-    t0 = time.perf_counter()
-    for i in range(a.timed_steps):
-        if i == a.nvtx_step and device == "cuda":
-            torch.cuda.nvtx.range_push("ncu_step")
-        host_delay()
-        step_fn(*batches[i % 4])
-        if i == a.nvtx_step and device == "cuda":
-            torch.cuda.nvtx.range_pop()
-    sync(device)
-    step_ms = (time.perf_counter() - t0) * 1000.0 / a.timed_steps
-    write_timing(a, rank, world, step_ms, batch, seq)
+    runs = []
+    for _window in range(a.timing_windows):  # one sync at each end of a window, none per step
+        sync(device)
+        t0 = time.perf_counter()
+        for i in range(a.timed_steps):
+            if i == a.nvtx_step and device == "cuda":
+                torch.cuda.nvtx.range_push("ncu_step")
+            host_delay()
+            step_fn(*batches[i % 4])
+            if i == a.nvtx_step and device == "cuda":
+                torch.cuda.nvtx.range_pop()
+        sync(device)
+        runs.append((time.perf_counter() - t0) * 1000.0 / a.timed_steps)
+    step_ms = sum(runs) / len(runs)
+    write_timing(a, rank, world, step_ms, batch, seq, runs)
 
     if a.no_profile:
         return
     out = a.out.replace("RANK", str(rank))
-    prof = make_profiler(out, wait=1, warmup=2, active=a.active, device=device)
+    prof = make_profiler(out, wait=1, warmup=2, active=a.active, device=device, gpu_only=a.gpu_only,
+                         with_stack=a.with_stack)
     with prof:
         for i in range(3 + a.active):
             host_delay()
@@ -335,7 +400,8 @@ def run_decode(a, model: GPT, dev: torch.device, vocab: int, seq: int, batch: in
         generate(3 + a.active, prof)
 
 
-def write_timing(a, rank: int, world: int, step_ms: float, batch: int, seq: int) -> None:
+def write_timing(a, rank: int, world: int, step_ms: float, batch: int, seq: int,
+                 runs: list[float] | None = None) -> None:
     if not a.timing_out:
         return
     rec = {
@@ -343,6 +409,7 @@ def write_timing(a, rank: int, world: int, step_ms: float, batch: int, seq: int)
         "rank": rank,
         "world_size": world,
         "step_ms": step_ms,
+        **({"step_ms_runs": runs} if runs and len(runs) > 1 else {}),
         "tokens_per_step": batch * seq,
         "timed_steps": a.timed_steps,
         "torch": torch.__version__,

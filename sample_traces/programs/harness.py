@@ -1,0 +1,87 @@
+"""The shared recording loop of the sample programs (hf.py, cnn.py, mlp.py).
+
+Each program builds a model and a ``step()`` that runs one training (or inference) step, then
+calls :func:`record`. It warms up, times two windows of ``--timed-steps`` steps without the
+profiler (one ``torch.cuda.synchronize()`` at each end of a window, never one per step: the
+realised step time includes the GPU's work), writes them to ``--timing-out``, and records a
+torch.profiler trace of ``--active`` steps after ``wait=1, warmup=2``.
+
+Profiler switches shared by every program: ``--with-stack`` (Python frames), ``--gpu-only``
+(``activities=[CUDA]``: no CPU ops or runtime calls), ``--profile-memory`` (``[memory]`` events).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="trace path (.json.gz)")
+    p.add_argument("--timing-out", help="JSON file for the unprofiled step timing")
+    p.add_argument("--timed-steps", type=int, default=20)
+    p.add_argument("--warmup-steps", type=int, default=5)
+    p.add_argument("--active", type=int, default=3)
+    p.add_argument("--no-profile", action="store_true")
+    p.add_argument("--with-stack", action="store_true")
+    p.add_argument("--gpu-only", action="store_true")
+    p.add_argument("--profile-memory", action="store_true")
+    p.add_argument("--device", default="cuda")
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def time_steps(step: Callable[[], Any], n: int, device: str) -> float:
+    """Mean wall time of ``n`` steps in ms, GPU work included (one sync at each end)."""
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        step()
+    sync(device)
+    return (time.perf_counter() - t0) * 1000.0 / n
+
+
+def record(a: argparse.Namespace, step: Callable[[], Any], extra: dict[str, Any] | None = None) -> None:
+    for _ in range(a.warmup_steps):
+        step()
+    runs = [time_steps(step, a.timed_steps, a.device) for _ in range(2)]
+    step_ms = sum(runs) / len(runs)
+    if a.timing_out:
+        rec = {
+            "argv": vars(a),
+            "step_ms": step_ms,
+            "step_ms_runs": runs,
+            "timed_steps": a.timed_steps,
+            "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu",
+            **(extra or {}),
+        }
+        with open(a.timing_out, "w") as f:
+            json.dump(rec, f, indent=1)
+    print(f"step {step_ms:.3f} ms (runs {', '.join(f'{r:.3f}' for r in runs)})", flush=True)
+    if a.no_profile:
+        return
+    acts = [torch.profiler.ProfilerActivity.CUDA] if a.gpu_only else [torch.profiler.ProfilerActivity.CPU]
+    if a.device.startswith("cuda") and not a.gpu_only:
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    prof = torch.profiler.profile(
+        activities=acts,
+        schedule=torch.profiler.schedule(wait=1, warmup=2, active=a.active, repeat=1),
+        on_trace_ready=lambda p: p.export_chrome_trace(a.out),
+        record_shapes=True,
+        with_stack=a.with_stack,
+        profile_memory=a.profile_memory,
+    )
+    with prof:
+        for _ in range(3 + a.active):
+            step()
+            prof.step()
+    sync(a.device)
