@@ -83,6 +83,50 @@ def _copy_gbps(nbytes: int, warmup: int, repeat: int) -> float:
     return 2.0 * nbytes / (ms * 1e-3) / 1e9  # bytes read plus bytes written
 
 
+GEMM_DIMS = (256, 1024, 4096, 16384)
+GEMM_K = (256, 1024, 4096)
+
+
+def gemm_table(dtypes: tuple[str, ...] = ("bf16", "fp16", "tf32", "fp32"), warmup: int = 2,
+               repeat: int = 5) -> list[dict[str, Any]]:
+    """Achieved TFLOP/s of ``(m, k) @ (k, n)`` GEMMs over a grid of sizes, aligned and misaligned.
+
+    The aligned rows are what a GEMM of that size and dtype reaches on this card: the reference a
+    misaligned GEMM is compared with when the trace holds no aligned twin. Each aligned shape is
+    also timed with every dimension one less (odd: no 16-byte alignment), so the table shows the
+    measured penalty too. Random operands, two sets rotated; median of CUDA-event timings.
+    """
+    import torch
+
+    rows: list[dict[str, Any]] = []
+    for kind in dtypes:
+        torch.backends.cuda.matmul.allow_tf32 = kind == "tf32"
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(kind, torch.float32)
+        try:
+            for m in GEMM_DIMS:
+                for n in GEMM_DIMS:
+                    for k in GEMM_K:
+                        for aligned in (True, False):
+                            mm, nn, kk = (m, n, k) if aligned else (m - 1, n - 1, k - 1)
+                            sets = [(torch.randn(mm, kk, device="cuda", dtype=dtype),
+                                     torch.randn(kk, nn, device="cuda", dtype=dtype)) for _ in range(2)]
+                            state = {"i": 0}
+
+                            def run() -> object:
+                                state["i"] ^= 1
+                                a, b = sets[state["i"]]
+                                return a @ b
+
+                            ms = _median_ms(run, warmup, repeat)
+                            rows.append({"dtype": kind, "m": mm, "n": nn, "k": kk, "aligned": aligned,
+                                         "us": round(ms * 1e3, 2),
+                                         "tflops": round(2.0 * mm * nn * kk / (ms * 1e-3) / 1e12, 2)})
+                            del sets
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = False
+    return rows
+
+
 def calibrate(size: int = 8192, copy_bytes: int = 2 << 30, warmup: int = 3, repeat: int = 10) -> dict[str, Any]:
     """Time matmuls per dtype and a device copy on the current CUDA device; return a spec dict."""
     import torch
@@ -122,8 +166,10 @@ def calibrate(size: int = 8192, copy_bytes: int = 2 << 30, warmup: int = 3, repe
     }
 
 
-def main(out: str | None = None) -> None:
+def main(out: str | None = None, gemms: bool = False) -> None:
     spec = calibrate()
+    if gemms:
+        spec["gemm_table"] = gemm_table()
     text = json.dumps(spec, indent=1)
     if out:
         with open(out, "x") as f:
@@ -134,4 +180,5 @@ def main(out: str | None = None) -> None:
 if __name__ == "__main__":
     import sys
 
-    main(sys.argv[1] if len(sys.argv) > 1 else None)
+    args = [a for a in sys.argv[1:] if a != "--gemm-table"]
+    main(args[0] if args else None, gemms="--gemm-table" in sys.argv[1:])

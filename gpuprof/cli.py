@@ -210,7 +210,9 @@ def diff(before: Path, after: Path, fmt: str, output: Path | None, force: bool, 
 @main.command()
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("gpu_spec.json"), show_default=True,
               help="Spec file to write (never replaced).")
-def calibrate(output: Path) -> None:
+@click.option("--gemm-table", is_flag=True,
+              help="Also time GEMMs over a grid of sizes per dtype, aligned and misaligned (about a minute).")
+def calibrate(output: Path, gemm_table: bool) -> None:
     """Measure matmul TFLOP/s per dtype and copy bandwidth on this GPU (needs torch with CUDA).
 
     Use the file with `gpuprof report --gpu-spec FILE` so rooflines use what this card really does.
@@ -220,7 +222,10 @@ def calibrate(output: Path) -> None:
             raise UsageError("exists; calibrate never replaces a spec file", str(output))
         try:
             from gpuprof.calibrate import calibrate as run
+            from gpuprof.calibrate import gemm_table as gemms
             spec: dict[str, Any] = run()
+            if gemm_table:
+                spec["gemm_table"] = gemms()
         except ImportError:
             raise GpuprofError("calibrate needs torch (pip install 'gpuprof[record]')") from None
         except RuntimeError as e:
