@@ -400,14 +400,18 @@ def findings_job(job: Job, part: RankPart, active: Sequence[str], cross: Sequenc
     in ``active`` with the rank's share of the cross-rank findings, and return its contributions."""
     from gpuprof.analyzers import REGISTRY, rank_contributions
 
-    def compute() -> list[Any]:
+    from gpuprof.analyzers._base import Contribution
+
+    def compute() -> tuple[list[Any], str | None]:
         r, spec = load_rank(job, part.nvml, part.nvml_period_s)
         one = Analysis(parts=(part,), spec=spec, jobs=(job,), results=(r,))
         out: list[Any] = rank_contributions(one, [a for a in REGISTRY if a.name in active], cross)
-        return out
+        content = r.trace.meta.content_key
+        return out, content if content == part.meta.content_key else None  # file changed between passes: keep no copy
 
-    key = job_key(job, "contributions", tuple(active), digest(part.nvml), part.nvml_period_s, digest(list(cross)))
-    got: list[Any] = cached(job, key, compute)
+    extra = (tuple(active), digest(part.nvml), part.nvml_period_s, digest(list(cross)))
+    got: list[Any] = cached(job, job_key(job, "contributions", *extra), compute, list[Contribution],
+                            lambda content: job_key(job, "contributions", *extra, content=content))
     return got
 
 
@@ -469,11 +473,14 @@ def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | 
     from gpuprof.analyzers import contributions_in_memory, distributed, findings_of, select
     from gpuprof.trace import cache as pcache
 
+    SingleResult = _single_result_type()
     result_key = None
+    single: tuple[Any, ...] = ()
     if whole_result_cache and keep and len(jobs) == 1:  # one trace: a hit skips loading it at all
-        result_key = job_key(jobs[0], "single", tuple(analyzers) if analyzers is not None else None,
-                             digest(samples), tuple(sorted(gpu_of.items())), period)
-        hit = pcache.get_result(result_key) if result_key else None
+        single = ("single", tuple(analyzers) if analyzers is not None else None, digest(samples),
+                  tuple(sorted(gpu_of.items())), period)
+        result_key = job_key(jobs[0], *single)
+        hit = pcache.get_result(result_key, SingleResult) if result_key else None
         if hit is not None:
             parts_hit, spec_hit, contribs_hit = hit
             _, skipped_hit = select(parts_hit, spec_hit, analyzers)
@@ -501,8 +508,10 @@ def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | 
             base = Analysis(parts=tuple(part_of(r) for r in results), spec=spec, run=manifest, jobs=tuple(jobs),
                             results=tuple(results))
             contribs, skipped = contributions_in_memory(base, only=analyzers)
-            if result_key is not None:
-                pcache.put_result(result_key, (base.parts, spec, contribs))
+            content = traces[0].meta.content_key
+            store_key = job_key(jobs[0], *single, content=content) if result_key and content else None
+            if store_key is not None:  # filed under the bytes it was computed from
+                pcache.put_result(store_key, (base.parts, spec, contribs), SingleResult)
             return replace(base, findings=tuple(findings_of(base.parts, contribs)), skipped=tuple(skipped))
         parts = tuple(replace(firsts[i][0], meta=metas[i],
                               collectives=firsts[i][0].collectives.assign(rank=metas[i].rank),
@@ -518,6 +527,12 @@ def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | 
     findings = findings_of(parts, [c for cs in contribs for c in cs])
     return Analysis(parts=parts, spec=spec, findings=tuple(findings), skipped=tuple(skipped), run=manifest,
                     jobs=tuple(jobs))
+
+
+def _single_result_type() -> Any:
+    from gpuprof.analyzers._base import Contribution
+
+    return tuple[tuple[RankPart, ...], GpuSpec | None, list[Contribution]]
 
 
 def _manifest(paths: Sequence[str | Path]) -> tuple[Path | None, dict[str, Any]]:

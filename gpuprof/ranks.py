@@ -14,15 +14,16 @@ with the traces.
 
 from __future__ import annotations
 
-import pickle
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pandas as pd
-import xxhash
 
+from gpuprof.errors import GpuprofError
 from gpuprof.roofline import classify
 from gpuprof.specs import GpuSpec, resolve
 from gpuprof.timeline import StepSummary, summarize
@@ -81,16 +82,29 @@ class Job:
 
 
 def load_trace_cached(path: Path, fallback_rank: int, cache: bool, root: str | None = None) -> RankTrace:
-    from gpuprof.trace import cache as pcache
-    from gpuprof.trace.load import load_trace
+    return load_trace_keyed(path, fallback_rank, cache, root)
 
-    key = pcache.content_key(path) if cache and path.is_file() else None
+
+def load_trace_keyed(path: Path, fallback_rank: int, cache: bool, root: str | None = None) -> RankTrace:
+    """The trace at ``path`` through the parse cache. The file is read once; those bytes are hashed
+    and, on a miss, parsed, so the key filed with the frames (``meta.content_key``) is the key of
+    the bytes they came from even if the file is replaced meanwhile."""
+    from gpuprof.trace import cache as pcache
+    from gpuprof.trace.load import load_trace, read_file
+
+    if not cache:
+        return load_trace(path, fallback_rank=fallback_rank)
+    before = pcache.stat_id(path) if path.is_file() else None
+    source = [read_file(path)]
+    key = pcache.key_of(source[0])
+    if before is not None:
+        pcache.remember(path, before, key)
     where = Path(root) if root else None
-    t = pcache.load(path, key, where) if key else None
+    t = pcache.load(path, key, where)
     if t is None:
-        t = load_trace(path, fallback_rank=fallback_rank)
-        if key:
-            pcache.store(t, key, where)
+        t = load_trace(path, fallback_rank=fallback_rank, source=source)
+        t = replace(t, meta=replace(t.meta, content_key=key))
+        pcache.store(t, key, where)
     return t
 
 
@@ -213,53 +227,87 @@ def part_of(r: RankResult) -> RankPart:
                     nvml=r.nvml, nvml_period_s=r.nvml_period_s)
 
 
-def job_key(job: Job, kind: str, *extra: Any) -> str | None:
+def job_key(job: Job, kind: str, *extra: Any, content: str | None = None) -> str | None:
     """The results-cache key of ``kind`` computed for ``job`` with ``extra`` inputs (None when the
-    cache is off or the trace is not a file)."""
+    cache is off or the trace is not a file). ``content`` is the content key of the bytes the result
+    was computed from (what a result is stored under); without it, the file's current key (what
+    a lookup uses)."""
     from gpuprof.trace import cache as pcache
+    from gpuprof.trace.load import read_file
+    from gpuprof.errors import SpecError
 
     if not job.cache or not Path(job.path).is_file():
         return None
     spec_file = None
     if job.gpu_spec:
         try:
-            spec_file = xxhash.xxh3_64_hexdigest(Path(job.gpu_spec).read_bytes())
-        except OSError:
+            spec_file = pcache.hash_bytes(read_file(Path(job.gpu_spec), SpecError))
+        except SpecError:
             spec_file = job.gpu_spec  # resolve() reports it
-    return pcache.result_key(kind, job.path, pcache.content_key(Path(job.path)), job.fallback_rank, job.rank,
-                             job.gpu, spec_file, job.step_ms, *extra)
+    if content is None:
+        try:
+            content = pcache.content_key(Path(job.path))
+        except GpuprofError:
+            return None  # loading reports it
+    return pcache.result_key(kind, job.path, content, job.fallback_rank, job.rank, job.gpu, spec_file, job.step_ms,
+                             *extra)
+
+
+def _digest_hook(o: Any) -> Any:
+    if isinstance(o, pd.DataFrame):
+        return [list(map(str, o.columns)), pd.util.hash_pandas_object(o, index=True).to_numpy().tobytes()]
+    if isinstance(o, np.ndarray):
+        return [str(o.dtype), list(o.shape), o.tobytes()]
+    if isinstance(o, np.generic):
+        return o.item()
+    raise TypeError(f"cannot digest a {type(o).__name__}")
+
+
+_DIGEST = msgspec.msgpack.Encoder(enc_hook=_digest_hook)
 
 
 def digest(value: Any) -> str | None:
-    """A content digest of a frame (or None) or of any picklable value, for results-cache keys."""
+    """A content digest (BLAKE3) of a frame (or None) or of plain values and dataclasses of them,
+    for results-cache keys."""
+    from gpuprof.trace import cache as pcache
+
     if value is None:
         return None
-    if isinstance(value, pd.DataFrame):
-        return xxhash.xxh3_64_hexdigest(pd.util.hash_pandas_object(value, index=True).to_numpy().tobytes()
-                                        + repr(list(value.columns)).encode())
-    return xxhash.xxh3_64_hexdigest(pickle.dumps(value, protocol=4))
+    return pcache.hash_bytes(_DIGEST.encode(value))
 
 
-def cached(job: Job, key: str | None, compute: Any) -> Any:
-    """``compute()``, or what it returned before under ``key`` (the results cache)."""
+#: What each kind of result is decoded as when read back from the results cache.
+PartResult = tuple[RankPart, GpuSpec | None]
+
+
+def cached(job: Job, key: str | None, compute: Callable[[], tuple[Any, str | None]], kind: Any,
+           store_key: Callable[[str], str | None]) -> Any:
+    """What ``compute()`` returns, or what it returned before under ``key`` (the results cache).
+
+    ``compute`` returns ``(value, content key of the bytes it was computed from)``, and the value
+    is stored under ``store_key(that content key)``: a result is only ever filed under the content
+    it came from, whatever the file holds by the time it is stored."""
     from gpuprof.trace import cache as pcache
 
     root = Path(job.cache_root) if job.cache_root else None
     if key is not None:
-        hit = pcache.get_result(key, root)
+        hit = pcache.get_result(key, kind, root)
         if hit is not None:
             return hit
-    out = compute()
-    if key is not None:
-        pcache.put_result(key, out, root)
+    out, content = compute()
+    if key is not None and content is not None:
+        where = store_key(content)
+        if where is not None:
+            pcache.put_result(where, out, kind, root)
     return out
 
 
 def part_job(job: Job) -> tuple[RankPart, GpuSpec | None]:
     """Worker, first pass: load one rank and reduce it to its part (or read it from the cache)."""
-    def compute() -> tuple[RankPart, GpuSpec | None]:
+    def compute() -> tuple[PartResult, str | None]:
         r, spec = load_rank(job)
-        return part_of(r), spec
+        return (part_of(r), spec), r.trace.meta.content_key
 
-    out: tuple[RankPart, GpuSpec | None] = cached(job, job_key(job, "part"), compute)
+    out: PartResult = cached(job, job_key(job, "part"), compute, PartResult,
+                             lambda content: job_key(job, "part", content=content))
     return out

@@ -48,7 +48,7 @@ def _spec(key: str, name: str, fp64: float, fp64_tc: float, fp32: float, tf32: f
     peaks = {"fp64": fp64, "fp64_tc": fp64_tc, "fp32": fp32, "tf32": tf32, "bf16": bf16, "fp16": bf16,
              "fp8": fp8, "int8": int8}
     pcie = {4: 32.0, 5: 64.0}[pcie_gen]
-    return GpuSpec(key, name, {k: v for k, v in peaks.items() if v}, hbm, sms, mem, nvlink, pcie)
+    return GpuSpec(key, name, {k: float(v) for k, v in peaks.items() if v}, float(hbm), sms, float(mem), float(nvlink), pcie)
 
 
 # Datasheet figures (../shared/REFERENCE.md lists their sources). fp8 0 = not supported. The last

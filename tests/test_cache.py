@@ -23,7 +23,7 @@ def trace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _entry(p: Path) -> Path:
-    return cache.cache_dir() / cache.content_key(p)
+    return cache.cache_dir() / "frames" / cache.content_key(p)
 
 
 def test_cached_frames_equal_a_fresh_parse(trace: Path) -> None:
@@ -32,7 +32,9 @@ def test_cached_frames_equal_a_fresh_parse(trace: Path) -> None:
     load_traces([trace])  # writes the entry
     assert (_entry(trace) / "meta.json").is_file()
     cached = load_traces([trace])[0]
-    assert cached.meta == fresh.meta
+    from dataclasses import replace
+
+    assert cached.meta == replace(fresh.meta, content_key=cache.content_key(trace))
     for name in cache.FRAMES:
         a, b = getattr(fresh, name), getattr(cached, name)
         assert list(a.columns) == list(b.columns), name
@@ -59,6 +61,9 @@ def test_key_follows_content_and_version(trace: Path, tmp_path: Path) -> None:
     other.write_bytes(trace.read_bytes()[:-10] + b"0123456789")
     assert cache.content_key(other) != cache.content_key(trace)
     assert f"-v{cache.gpuprof.__version__}-f{cache.FORMAT}" in cache.content_key(trace)
+    import blake3
+
+    assert cache.content_key(trace).startswith(blake3.blake3(trace.read_bytes()).hexdigest() + "-")
 
 
 def test_no_cache_writes_nothing(trace: Path) -> None:
@@ -154,16 +159,16 @@ def test_results_cache_skips_loading_an_unchanged_trace(tmp_path: Path, monkeypa
     first = gpuprof.analyze(src)
     assert first.results is not None
     results = tmp_path / "cache" / "results"
-    assert len(list(results.glob("*.pkl"))) == 1
+    assert len(list(results.glob("*.msgpack"))) == 1
     second = gpuprof.analyze(src)
     assert second.results is None and second.to_dict() == first.to_dict()
     assert len(second.kernels) == len(first.kernels)  # frames still there on demand
     other = gpuprof.analyze(src, step_ms=5.0)
-    assert other.results is not None and len(list(results.glob("*.pkl"))) == 2
+    assert other.results is not None and len(list(results.glob("*.msgpack"))) == 2
     monkeypatch.setattr(cache, "_CODE_HASH", "edited")
     assert gpuprof.analyze(src).results is not None  # new code: computed again
     monkeypatch.setattr(cache, "_CODE_HASH", None)
-    for f in results.glob("*.pkl"):
+    for f in results.glob("*.msgpack"):
         f.write_bytes(b"\x80garbage")
     again = gpuprof.analyze(src)
     assert again.results is not None and again.to_dict() == first.to_dict()
@@ -175,10 +180,10 @@ def test_results_cache_for_ranks_apart(tmp_path: Path, monkeypatch: pytest.Monke
     import gpuprof
 
     a = gpuprof.analyze(SAMPLES / "ddp_slow_rank", workers=1)
-    n = len(list((tmp_path / "cache" / "results").glob("*.pkl")))
+    n = len(list((tmp_path / "cache" / "results").glob("*.msgpack")))
     assert n == 4  # a part and the contributions per rank
     b = gpuprof.analyze(SAMPLES / "ddp_slow_rank", workers=1)
-    assert b.to_dict() == a.to_dict() and len(list((tmp_path / "cache" / "results").glob("*.pkl"))) == n
+    assert b.to_dict() == a.to_dict() and len(list((tmp_path / "cache" / "results").glob("*.msgpack"))) == n
 
 
 def test_cache_keeps_to_its_size_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -193,16 +198,16 @@ def test_cache_keeps_to_its_size_limit(tmp_path: Path, monkeypatch: pytest.Monke
         files.append(f)
         gpuprof.analyze(f)
     root = tmp_path / "cache"
-    entries = [e for e in root.iterdir() if e.is_dir() and e.name != "results"]
+    entries = list((root / "frames").iterdir())
     assert len(entries) == 2
     a_entry = next(e for e in entries if cache.content_key(files[0]) == e.name)
     b_entry = next(e for e in entries if e != a_entry)
-    results = sorted((root / "results").glob("*.pkl"), key=lambda f: f.stat().st_mtime)
+    results = sorted((root / "results").glob("*.msgpack"), key=lambda f: f.stat().st_mtime)
     a_result, b_result = results  # made in that order
     gpuprof.analyze(files[0], step_ms=9.0)  # reads a's frames: a is now used more recently than b
     size = lambda e: sum(f.stat().st_size for f in e.iterdir()) if e.is_dir() else e.stat().st_size
-    total = sum(size(e) for e in root.iterdir() if e.is_dir() and e.name != "results")
-    total += sum(size(f) for f in (root / "results").glob("*.pkl"))
+    total = sum(size(e) for e in (root / "frames").iterdir())
+    total += sum(size(f) for f in (root / "results").glob("*.msgpack"))
     gone = cache.prune(root, limit=total - size(a_result) - size(b_entry))
     assert gone == [a_result, b_entry]  # the two least recently used, oldest first
     assert a_entry.exists() and b_result.exists() and not b_entry.exists()

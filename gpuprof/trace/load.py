@@ -8,9 +8,11 @@ bucketed by category once; every later step works on whole columns.
 from __future__ import annotations
 
 import gc
-import gzip
+import math
 import operator
+import os
 import re
+import stat
 import zlib
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from gpuprof.errors import TraceError
+from gpuprof.errors import GpuprofError, TraceError
 from gpuprof.trace.links import attach_links
 from gpuprof.trace.model import RankTrace
 
@@ -87,24 +89,95 @@ _COMM_KERNEL = re.compile(r"nccl|rccl|cross_device_reduce|all_?reduce|all_?gathe
 _MEMCPY_NAME = re.compile(r"^Memcpy (\w+) \((\w+) -> (\w+)\)")
 
 
-def read_bytes(path: Path) -> bytes:
-    """File contents, gunzipped when they start with the gzip magic (whatever the file is called)."""
+#: gzip output allowed per input byte (the most a real trace in the corpus and samples shows is
+#: 30x; gzip's own limit is about 1032x, which only crafted files reach), and below which any ratio is fine.
+GUNZIP_MAX_RATIO = 200.0
+GUNZIP_FREE_BYTES = 64 << 20
+_GUNZIP_ENV = "GPUPROF_GUNZIP_MAX_RATIO"
+
+
+def read_file(path: Path, error: type[GpuprofError] = TraceError) -> bytes:
+    """A regular file's bytes, as on disk. Anything else (a folder, a FIFO, a device such as
+    /dev/zero) is refused with one line naming the path, before a byte is read: reading it could
+    block or never end."""
     try:
-        data = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
-        raise TraceError("no such file", str(path)) from None
+        raise error("no such file", str(path)) from None
     except IsADirectoryError:
-        raise TraceError("is a folder, not a trace file", str(path)) from None
+        raise error("is a folder, not a file", str(path)) from None
     except OSError as e:
-        raise TraceError(f"cannot read ({e.strerror})", str(path)) from None
-    if data[:2] == b"\x1f\x8b":
+        raise error(f"cannot read ({e.strerror})", str(path)) from None
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise error("is a folder, not a file", str(path))
+        if not stat.S_ISREG(mode):
+            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) \
+                else "a socket" if stat.S_ISSOCK(mode) else "special"
+            raise error(f"not a regular file ({kind}): refusing to read it", str(path))
         try:
-            data = gzip.decompress(data)
-        except EOFError:
-            raise TraceError("truncated gzip stream (was the run killed while the trace was written?)", str(path)) from None
-        except (OSError, zlib.error) as e:
-            raise TraceError(f"corrupt gzip data ({e})", str(path)) from None
-    return data
+            return f.read()
+        except OSError as e:
+            raise error(f"cannot read ({e.strerror})", str(path)) from None
+
+
+def gunzip_limit() -> float:
+    """The gzip expansion ratio refused (``$GPUPROF_GUNZIP_MAX_RATIO``, default 200; 0 = no limit)."""
+    raw = os.environ.get(_GUNZIP_ENV)
+    if raw is None:
+        return GUNZIP_MAX_RATIO
+    try:
+        ratio = float(raw)
+    except ValueError:
+        raise TraceError(f"{_GUNZIP_ENV} must be a number (0 = no limit), got {raw!r}") from None
+    return math.inf if ratio == 0 or ratio == math.inf else ratio if ratio > 0 else GUNZIP_MAX_RATIO
+
+
+def decompress(path: Path, raw: bytes) -> bytes:
+    """``raw`` gunzipped when it starts with the gzip magic (whatever the file is called), else as is.
+
+    Decompression is streamed and stops as soon as the output passes ``gunzip_limit()`` times the
+    input consumed so far (past the first 64 MB): a crafted gzip (4 MB that expands to 8 GB) fails
+    within that much memory instead of exhausting it."""
+    if raw[:2] != b"\x1f\x8b":
+        return raw
+    ratio = gunzip_limit()
+    out = bytearray()
+    view = memoryview(raw)
+    step = 1 << 20
+    pos = 0  # input bytes consumed
+    d = zlib.decompressobj(wbits=31)
+    try:
+        while True:
+            if d.eof:  # a member ended: another member follows (concatenated gzip), or zero padding, or the end
+                pos -= len(d.unused_data)
+                if view[pos:pos + 2] != b"\x1f\x8b":
+                    if any(view[pos:]):
+                        raise TraceError("corrupt gzip data (garbage after the gzip stream)", str(path))
+                    return bytes(out)
+                d = zlib.decompressobj(wbits=31)
+            if pos >= len(view):
+                raise TraceError("truncated gzip stream (was the run killed while the trace was written?)", str(path))
+            piece: bytes | memoryview = view[pos:pos + step]
+            pos += len(piece)
+            while piece and not d.eof:
+                out += d.decompress(piece, step * 16)
+                piece = d.unconsumed_tail
+                used = pos - len(piece)
+                if len(out) > GUNZIP_FREE_BYTES and len(out) > ratio * used:
+                    raise TraceError(
+                        f"gzip data expands more than {ratio:g}x (past {len(out) >> 20} MB from the first "
+                        f"{max(used >> 20, 1)} MB); no real trace compresses that well. Set {_GUNZIP_ENV}=0 to "
+                        "read it anyway", str(path))
+            pos -= len(piece)  # (only non-empty when the member ended inside it)
+    except zlib.error as e:
+        raise TraceError(f"corrupt gzip data ({e})", str(path)) from None
+
+
+def read_bytes(path: Path) -> bytes:
+    """A regular file's contents, gunzipped (bounded) when they start with the gzip magic."""
+    return decompress(path, read_file(path))
 
 
 def _decode(path: Path, data: bytes, decoder: Any = _DECODER) -> Any:
@@ -353,19 +426,23 @@ def _rank_of(doc: _TraceFile, path: Path, fallback: int) -> tuple[int, int]:
     return fallback, world if isinstance(world, int) and world > 0 else 1
 
 
-def load_trace(path: str | Path, fallback_rank: int = 0) -> RankTrace:
-    """Load one Kineto trace file into a :class:`RankTrace`; raises :class:`TraceError` on bad input."""
+def load_trace(path: str | Path, fallback_rank: int = 0, source: list[bytes] | None = None) -> RankTrace:
+    """Load one Kineto trace file into a :class:`RankTrace`; raises :class:`TraceError` on bad input.
+
+    ``source``, when given, holds the file's bytes already read (``[read_file(path)]``): they are
+    parsed instead of reading the file again, so a caller that hashed them knows exactly what was
+    parsed. The list is emptied, so the buffer is freed as early as if it had been read here."""
     gc_was_on = gc.isenabled()
     gc.disable()  # millions of small acyclic objects: collection passes would only cost time
     try:
-        return _load(Path(path), fallback_rank)
+        return _load(Path(path), fallback_rank, source)
     finally:
         if gc_was_on:
             gc.enable()
 
 
-def _load(p: Path, fallback_rank: int) -> RankTrace:
-    data = read_bytes(p)
+def _load(p: Path, fallback_rank: int, source: list[bytes] | None = None) -> RankTrace:
+    data = decompress(p, source.pop()) if source else read_bytes(p)
     doc = _decode(p, data)
     events: list[msgspec.Raw] = doc.traceEvents or []
     n_events = len(events)

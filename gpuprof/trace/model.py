@@ -58,6 +58,7 @@ class TraceMeta:
     steps_source: str  # "ProfilerStep", "optimizer", or "whole trace"
     events: int
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    content_key: str | None = None  # the cache key of the bytes these frames were parsed from (None: no cache)
 
     @property
     def gpu_name(self) -> str | None:
