@@ -61,6 +61,10 @@ def find_traces(paths: Sequence[str | Path]) -> list[Path]:
         if p.is_file():
             out.append(p)
             continue
+        if not p.is_dir():  # a FIFO, a device: one line saying so (reading it could block or never end)
+            from gpuprof.files import read_file
+
+            read_file(p)
         manifest = p / "manifest.json"
         if manifest.is_file():
             try:

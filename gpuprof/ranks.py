@@ -90,12 +90,13 @@ def load_trace_keyed(path: Path, fallback_rank: int, cache: bool, root: str | No
     and, on a miss, parsed, so the key filed with the frames (``meta.content_key``) is the key of
     the bytes they came from even if the file is replaced meanwhile."""
     from gpuprof.trace import cache as pcache
-    from gpuprof.trace.load import load_trace, read_file
+    from gpuprof import files
+    from gpuprof.trace.load import load_trace
 
     if not cache:
         return load_trace(path, fallback_rank=fallback_rank)
     before = pcache.stat_id(path) if path.is_file() else None
-    source = [read_file(path)]
+    source = [files.read_file(path)]
     key = pcache.key_of(source[0])
     if before is not None:
         pcache.remember(path, before, key)
@@ -232,16 +233,16 @@ def job_key(job: Job, kind: str, *extra: Any, content: str | None = None) -> str
     cache is off or the trace is not a file). ``content`` is the content key of the bytes the result
     was computed from (what a result is stored under); without it, the file's current key (what
     a lookup uses)."""
-    from gpuprof.trace import cache as pcache
-    from gpuprof.trace.load import read_file
+    from gpuprof import files
     from gpuprof.errors import SpecError
+    from gpuprof.trace import cache as pcache
 
     if not job.cache or not Path(job.path).is_file():
         return None
     spec_file = None
     if job.gpu_spec:
         try:
-            spec_file = pcache.hash_bytes(read_file(Path(job.gpu_spec), SpecError))
+            spec_file = pcache.hash_bytes(files.read_file(Path(job.gpu_spec), SpecError))
         except SpecError:
             spec_file = job.gpu_spec  # resolve() reports it
     if content is None:

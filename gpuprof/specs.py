@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuprof.errors import SpecError
+from gpuprof.files import read_file
 
 DTYPES = ("fp64", "fp64_tc", "fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 
@@ -105,10 +106,8 @@ def load_spec_file(path: str | Path) -> GpuSpec:
     """
     p = Path(path)
     try:
-        raw = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise SpecError("spec file not found", str(p)) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raw = json.loads(read_file(p, SpecError).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise SpecError(f"not a JSON spec file ({e.__class__.__name__}: {e})", str(p)) from None
     if not isinstance(raw, dict) or not isinstance(raw.get("name", ""), str):
         raise SpecError("a spec file is a JSON object with a string 'name'", str(p))

@@ -262,3 +262,185 @@ def test_a_bad_rank_trace_on_dask_is_one_line(tmp_path: Path) -> None:
     assert r.returncode == 3 and r.stdout == ""
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and "rank1.json.gz: truncated gzip stream" in lines[0], r.stderr[-2000:]
+
+
+# --- hostile caches (#15): nothing from the cache runs, nothing of the user's is deleted ---------
+
+class _Planted:
+    """A pickle payload: unpickling it would create the file named by ``path``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        import os
+
+        return (os.system, (f"touch {self.path}",))
+
+
+def _results(root: Path) -> list[Path]:
+    return sorted((root / "results").glob("r-*.msgpack"))
+
+
+def test_planted_truncated_or_mistyped_results_never_run_and_are_recomputed(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every stored result (here: a real trace's whole result, and a 2-rank run's parts and
+    contributions) is replaced by a pickle that would run a command, by a truncated copy, and by
+    valid msgpack of the wrong types: the command never runs, each report equals the first, and the
+    entry is rewritten with a good value."""
+    import pickle
+
+    import msgspec
+
+    import gpuprof
+
+    root = tmp_path / "cache"
+    monkeypatch.setenv("GPUPROF_CACHE_DIR", str(root))
+    ran = tmp_path / "ran"
+    src = tmp_path / "t.json.gz"
+    src.write_bytes((SAMPLES / "gpt_bf16.json.gz").read_bytes())
+    seen: set[Path] = set()
+    for target, kw in ((src, {}), (SAMPLES / "ddp_good", {"workers": 1})):
+        first = gpuprof.analyze(target, **kw).to_dict()
+        entries = [f for f in _results(root) if f not in seen]
+        seen.update(entries)
+        assert len(entries) == (1 if not kw else 4)  # the whole result; or a part and contributions per rank
+        good = {f: f.read_bytes() for f in entries}
+        for bad in (pickle.dumps(_Planted(ran)), None, msgspec.msgpack.encode({"parts": "x", "spec": [1, 2]})):
+            for f in entries:
+                f.write_bytes(good[f][: len(good[f]) // 2] if bad is None else bad)
+            again = gpuprof.analyze(target, **kw)
+            assert not ran.exists()
+            assert again.to_dict() == first
+            assert {f: f.read_bytes() for f in entries} == good  # recomputed and stored again
+    assert gpuprof.analyze(src).results is None  # the rewritten entry is read: no frames loaded
+
+
+def test_planted_or_mistyped_frames_are_rebuilt(trace: Path) -> None:
+    """A parse-cache entry whose meta has a wrong type, an extra field, or whose Parquet file was
+    swapped for a pickle is dropped and rebuilt from the trace."""
+    import pickle
+
+    fresh = load_traces([trace], cache=False)[0]
+    load_traces([trace])
+    entry = _entry(trace)
+    meta = json.loads((entry / "meta.json").read_text())
+    tampered = [{**meta, "meta": {**meta["meta"], "rank": "zero"}}, {**meta, "code": "print(1)"}]
+    for doc in tampered:
+        (entry / "meta.json").write_text(json.dumps(doc))
+        assert cache.load(trace, cache.content_key(trace)) is None and not entry.exists()
+        assert len(load_traces([trace])[0].kernels) == len(fresh.kernels)
+    (entry / "kernels.parquet").write_bytes(pickle.dumps(_Planted(trace.parent / "ran")))
+    assert cache.load(trace, cache.content_key(trace)) is None and not entry.exists()
+    assert not (trace.parent / "ran").exists()
+
+
+def test_results_round_trip_exactly() -> None:
+    """Parts (frames of every dtype they hold: str, categorical, float, int, bool), GPU specs and
+    contributions of real traces come back from the codec identical, types included."""
+    import dataclasses
+
+    import gpuprof
+    from gpuprof.analyzers import contributions_in_memory
+    from gpuprof.api import _single_result_type
+    from gpuprof.ranks import PartResult
+
+    for path in (SAMPLES / "gpt_bf16.json.gz", SAMPLES / "run_gpt_bf16", SAMPLES / "ddp_slow_rank" / "rank1.json.gz"):
+        a = gpuprof.analyze(path, cache=False)
+        contribs, _ = contributions_in_memory(a)
+        value = (a.parts, a.spec, contribs)
+        back = cache.decode(cache.encode(value), _single_result_type())
+        assert cache.same(back, value)
+        part = back[0][0]
+        for name in ("steps", "kernels", "collectives"):
+            pd.testing.assert_frame_equal(getattr(part, name), getattr(a.parts[0], name), check_exact=True)
+        assert part.meta == a.parts[0].meta and back[1] == a.spec
+        assert [dataclasses.asdict(c) for c in back[2]] == [dataclasses.asdict(c) for c in contribs]
+        one = cache.decode(cache.encode((a.parts[0], a.spec)), PartResult)
+        assert cache.same(one, (a.parts[0], a.spec))
+    assert not cache.same([1, 2], (1, 2))  # "exactly" tells a tuple from a list
+    with pytest.raises(Exception):
+        cache.decode(cache.encode({"a": 1}), PartResult)
+
+
+def test_no_pickle_is_loaded_anywhere() -> None:
+    import re
+
+    from tests.conftest import ROOT
+
+    uses = re.compile(r"^\s*(?:import|from)\s+(?:c?pickle|cloudpickle|dill|joblib|shelve)\b|pickle\.loads?\(|read_pickle",
+                      re.MULTILINE)
+    for folder in ("gpuprof", "analyzers", "reports"):
+        for f in (ROOT / folder).rglob("*.py"):
+            assert not uses.search(f.read_text()), f  # no pickle module at all: nothing read back can be one
+
+
+def test_prune_deletes_only_what_gpuprof_wrote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache pointed at a folder of the user's (a checkpoints/ folder, loose files, a folder and
+    a file that merely look like entries): pruning to nothing deletes every gpuprof entry and
+    nothing else; a folder without gpuprof's marker is never pruned at all."""
+    import gpuprof
+
+    root = tmp_path / "scratch"
+    (root / "checkpoints").mkdir(parents=True)
+    (root / "checkpoints" / "model.pt").write_bytes(b"\0" * 4096)
+    (root / "notes.txt").write_text("mine")
+    fake_key = "0" * 64 + "-10-v0.1.0-f3"
+    (root / "frames" / fake_key).mkdir(parents=True)
+    (root / "frames" / fake_key / "meta.json").write_text("{}")
+    (root / "frames" / fake_key / "weights.bin").write_bytes(b"mine")  # not a file gpuprof writes
+    (root / "results").mkdir()
+    (root / "results" / "r-1234.msgpack").write_bytes(b"mine")  # not a gpuprof name
+    (root / "results" / "summary.csv").write_text("mine")
+    mine = sorted(p for p in root.rglob("*"))
+    assert cache.prune(root, limit=0) == []  # no marker yet: not a gpuprof cache
+    monkeypatch.setenv("GPUPROF_CACHE_DIR", str(root))
+    gpuprof.analyze(SAMPLES / "tiny_eager.json.gz")
+    assert (root / cache.MARKER).is_file() and len(cache.entries(root)) == 2  # frames and a result
+    gone = cache.prune(root, limit=0)
+    assert len(gone) == 2 and all(not p.exists() for p in gone)
+    assert sorted(p for p in root.rglob("*") if p.name != cache.MARKER) == mine
+
+
+def test_stored_key_is_the_key_of_the_bytes_parsed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trace file is replaced by another real trace right after gpuprof's first or second read
+    of it (as a concurrent writer would). Every frames entry is filed under the key of the bytes
+    it was parsed from, and later reports of the path show whichever file is there then, never
+    the other one's kernels from the cache."""
+    import blake3
+
+    import gpuprof
+    from gpuprof import files
+    from gpuprof.trace import load
+
+    path = tmp_path / "t.json.gz"
+    old, new = (SAMPLES / "gpt_bf16.json.gz").read_bytes(), (SAMPLES / "vision_inline.json.gz").read_bytes()
+    names = {raw: set(gpuprof.analyze(src, cache=False).kernel_table["name"])
+             for raw, src in ((old, SAMPLES / "gpt_bf16.json.gz"), (new, SAMPLES / "vision_inline.json.gz"))}
+    kernels = {blake3.blake3(raw).hexdigest(): len(load.load_trace(path_of).kernels)
+               for raw, path_of in ((old, SAMPLES / "gpt_bf16.json.gz"), (new, SAMPLES / "vision_inline.json.gz"))}
+    real_read = files.read_file
+    for replace_after in (1, 2):
+        monkeypatch.setenv("GPUPROF_CACHE_DIR", str(tmp_path / f"cache{replace_after}"))
+        path.write_bytes(old)
+        reads = []
+
+        def read_then_replace(p: Path, *a: object) -> bytes:
+            data = real_read(p, *a)  # type: ignore[arg-type]
+            if p == path:
+                reads.append(1)
+                if len(reads) == replace_after:
+                    path.write_bytes(new)
+            return data
+
+        monkeypatch.setattr(files, "read_file", read_then_replace)
+        gpuprof.analyze(path)
+        monkeypatch.setattr(files, "read_file", real_read)
+        assert path.read_bytes() == new and len(reads) >= replace_after
+        for entry in (tmp_path / f"cache{replace_after}" / "frames").iterdir():
+            h = entry.name.split("-")[0]
+            assert h in kernels
+            assert len(pd.read_parquet(entry / "kernels.parquet")) == kernels[h]  # frames of the hashed bytes
+        for raw in (old, new, old):
+            path.write_bytes(raw)
+            assert set(gpuprof.analyze(path).kernel_table["name"]) == names[raw]

@@ -32,7 +32,7 @@ import time
 import dataclasses
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import blake3
 import msgspec
@@ -95,12 +95,12 @@ def remember(path: Path, before: tuple[str, int, int, int, int, int], key: str) 
 def content_key(path: Path) -> str:
     """The key of the file as it is now, for *looking up* entries (hashes it unless remembered).
     What is stored is always keyed by the bytes it was computed from, never by this."""
-    from gpuprof.trace.load import read_file
+    from gpuprof import files
 
     memo = stat_id(path)
     if memo in _KEYS:
         return _KEYS[memo]
-    key = key_of(read_file(path))
+    key = key_of(files.read_file(path))
     remember(path, memo, key)
     return key
 
@@ -297,8 +297,8 @@ _OBJECT_ARROW = {"object:str": pa.string(), "object:bytes": pa.binary(), "object
 _STRING_STORAGE = ("python", "pyarrow")
 
 
-def _string_dtype(storage: str) -> pd.StringDtype:
-    return pd.StringDtype(storage, na_value=np.nan)  # pandas' default "str" dtype
+def _string_dtype(storage: str) -> Any:
+    return cast(Any, pd.StringDtype)(storage, na_value=np.nan)  # pandas' default "str" dtype
 
 
 def _object_kind(values: np.ndarray) -> str:
@@ -313,8 +313,8 @@ def _object_kind(values: np.ndarray) -> str:
 
 
 def _is_default_string(dt: Any) -> bool:
-    return (isinstance(dt, pd.StringDtype) and dt.storage in _STRING_STORAGE
-            and dt == _string_dtype(str(dt.storage)))
+    storage = getattr(dt, "storage", None)
+    return isinstance(dt, pd.StringDtype) and storage in _STRING_STORAGE and bool(dt == _string_dtype(str(storage)))
 
 
 def _column(name: Any, s: pd.Series) -> tuple[_Column, pa.Array]:
@@ -328,15 +328,15 @@ def _column(name: Any, s: pd.Series) -> tuple[_Column, pa.Array]:
         if cats.dtype == object:
             kind = "category:object"
         elif _is_default_string(cats.dtype):
-            kind = f"category:string:{cats.dtype.storage}"
+            kind = f"category:string:{getattr(cats.dtype, 'storage')}"
         else:
             raise TypeError(f"{name}: categories of dtype {cats.dtype} are not kept")
         return _Column(name, kind, [str(c) for c in cats]), pa.array(s.cat.codes.to_numpy())
     if isinstance(dt, np.dtype) and dt.name in _NUMERIC:
         return _Column(name, dt.name), pa.array(s.to_numpy(), type=_ARROW_OF[dt.name])
     if _is_default_string(dt):
-        values = s.to_numpy(dtype=object, na_value=None)
-        return _Column(name, f"string:{dt.storage}"), pa.array(list(values), type=pa.string())
+        values = s.astype(object).where(s.notna(), None).to_numpy()
+        return _Column(name, f"string:{getattr(dt, 'storage')}"), pa.array(list(values), type=pa.string())
     if dt == object:
         kind = _object_kind(s.to_numpy())
         return _Column(name, kind), pa.array(list(s.to_numpy()), type=_OBJECT_ARROW[kind])

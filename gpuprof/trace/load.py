@@ -12,7 +12,6 @@ import math
 import operator
 import os
 import re
-import stat
 import zlib
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,8 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from gpuprof.errors import GpuprofError, TraceError
+from gpuprof.errors import TraceError
+from gpuprof.files import read_file
 from gpuprof.trace.links import attach_links
 from gpuprof.trace.model import RankTrace
 
@@ -96,32 +96,6 @@ GUNZIP_FREE_BYTES = 64 << 20
 _GUNZIP_ENV = "GPUPROF_GUNZIP_MAX_RATIO"
 
 
-def read_file(path: Path, error: type[GpuprofError] = TraceError) -> bytes:
-    """A regular file's bytes, as on disk. Anything else (a folder, a FIFO, a device such as
-    /dev/zero) is refused with one line naming the path, before a byte is read: reading it could
-    block or never end."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise error("no such file", str(path)) from None
-    except IsADirectoryError:
-        raise error("is a folder, not a file", str(path)) from None
-    except OSError as e:
-        raise error(f"cannot read ({e.strerror})", str(path)) from None
-    with os.fdopen(fd, "rb") as f:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise error("is a folder, not a file", str(path))
-        if not stat.S_ISREG(mode):
-            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) \
-                else "a socket" if stat.S_ISSOCK(mode) else "special"
-            raise error(f"not a regular file ({kind}): refusing to read it", str(path))
-        try:
-            return f.read()
-        except OSError as e:
-            raise error(f"cannot read ({e.strerror})", str(path)) from None
-
-
 def gunzip_limit() -> float:
     """The gzip expansion ratio refused (``$GPUPROF_GUNZIP_MAX_RATIO``, default 200; 0 = no limit)."""
     raw = os.environ.get(_GUNZIP_ENV)
@@ -152,7 +126,7 @@ def decompress(path: Path, raw: bytes) -> bytes:
         while True:
             if d.eof:  # a member ended: another member follows (concatenated gzip), or zero padding, or the end
                 pos -= len(d.unused_data)
-                if view[pos:pos + 2] != b"\x1f\x8b":
+                if bytes(view[pos:pos + 2]) != b"\x1f\x8b":
                     if any(view[pos:]):
                         raise TraceError("corrupt gzip data (garbage after the gzip stream)", str(path))
                     return bytes(out)
