@@ -257,8 +257,12 @@ def test_a_bad_rank_trace_on_dask_is_one_line(tmp_path: Path) -> None:
     d.mkdir()
     (d / "rank0.json.gz").write_bytes((SAMPLES / "ddp_good" / "rank0.json.gz").read_bytes())
     (d / "rank1.json.gz").write_bytes((SAMPLES / "ddp_good" / "rank1.json.gz").read_bytes()[:20000])
+    import os
+
+    # distributed warns on stderr when another process holds its dashboard port (8787): not gpuprof's output
+    env = {**os.environ, "PYTHONWARNINGS": "ignore:Port 8787 is already in use"}
     r = subprocess.run([sys.executable, "-m", "gpuprof.cli", "report", str(d), "--format", "json", "--dask", "local",
-                        "--no-cache"], capture_output=True, text=True, timeout=300)
+                        "--no-cache"], capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 3 and r.stdout == ""
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and "rank1.json.gz: truncated gzip stream" in lines[0], r.stderr[-2000:]
