@@ -134,27 +134,33 @@ def _schedule(ctx: click.Context, param: click.Parameter, value: str) -> tuple[i
 @click.option("--out", type=click.Path(path_type=Path), help="Run folder to create (default: a new one under ./gpuprof_runs/).")
 @click.option("--schedule", default="1,2,3", show_default=True, callback=_schedule,
               help="Profiler schedule WAIT,WARMUP,ACTIVE[,REPEAT] in steps, after the skipped and timed steps.")
-@click.option("--skip-steps", default=5, show_default=True, help="Steps left alone at start (compilation, warm-up).")
-@click.option("--timed-steps", default=10, show_default=True,
-              help="Steps timed without the profiler: the real step time that corrects host-side estimates.")
-@click.option("--nvml-hz", default=20.0, show_default=True, help="NVML samples per second per GPU.")
+@click.option("--skip-steps", default=5, show_default=True, type=click.IntRange(min=0),
+              help="Steps left alone at start (compilation, warm-up).")
+@click.option("--timed-steps", default=10, show_default=True, type=click.IntRange(min=0),
+              help="Steps timed without the profiler (on the GPU timeline with CUDA events when the program uses "
+                   "CUDA): the real step time that corrects host-side estimates.")
+@click.option("--nvml-hz", default=20.0, show_default=True, type=click.FloatRange(min=0, min_open=True, max=1000),
+              help="NVML samples per second per GPU.")
 @click.option("--no-nvml", is_flag=True, help="Do not sample NVML.")
 @click.option("--no-gpm", is_flag=True, help="Do not read Hopper GPM metrics (SM/tensor/DRAM utilisation).")
 @click.option("--no-nvml-counters", is_flag=True, help="Do not read PCIe/NVLink byte counters.")
 @click.option("--with-stack", is_flag=True, help="Record Python stacks (names call sites; larger traces).")
 @click.option("--record-shapes/--no-record-shapes", default=True, show_default=True,
               help="Record op input shapes (needed for FLOP/byte models).")
+@click.option("--kill-after", default=60.0, show_default=True, type=click.FloatRange(min=0), metavar="SECONDS",
+              help="After passing on Ctrl-C/SIGTERM/SIGHUP, kill what the program still runs this long after it ended.")
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED, required=True)
 def record(out: Path | None, schedule: tuple[int, int, int, int], skip_steps: int, timed_steps: int, nvml_hz: float,
            no_nvml: bool, no_gpm: bool, no_nvml_counters: bool, with_stack: bool, record_shapes: bool,
-           cmd: tuple[str, ...]) -> None:
+           kill_after: float, cmd: tuple[str, ...]) -> None:
     """Profile an unchanged program: gpuprof record [OPTIONS] -- CMD ARGS...
 
     \b
     Works with `python train.py`, `python -m pkg`, `torchrun --nproc_per_node N train.py`:
-    every rank writes traces/rank{R}.json.gz. Steps are counted at each optimizer.step();
-    loops without an optimizer call gpuprof.step() once per step. Writes manifest.json and
-    nvml.csv, and exits with the program's exit code.
+    every rank writes traces/rank{R}.json.gz (processes without a rank: pid{PID}). Steps are
+    counted at each optimizer.step(); loops without an optimizer call gpuprof.step() once per
+    step. Signals reach every process of the program; the manifest is written once they have all
+    ended. Writes manifest.json and nvml.csv, and exits with the program's exit code.
     """
     from gpuprof.record.launcher import Options
     from gpuprof.record.launcher import record as run
@@ -164,7 +170,7 @@ def record(out: Path | None, schedule: tuple[int, int, int, int], skip_steps: in
         code = run(list(cmd), Options(out=out, skip=skip_steps, timed=timed_steps, wait=wait, warmup=warmup,
                                       active=active, repeat=repeat, nvml_hz=nvml_hz, nvml=not no_nvml,
                                       gpm=not no_gpm, nvml_counters=not no_nvml_counters,
-                                      with_stack=with_stack, record_shapes=record_shapes))
+                                      with_stack=with_stack, record_shapes=record_shapes, kill_after=kill_after))
     except GpuprofError as e:
         _fail(e)
     sys.exit(code)

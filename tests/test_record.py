@@ -94,7 +94,10 @@ def test_record_then_report(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     m = manifest(tmp_path, "run")
     assert m["schema_version"] == 1 and m["exit_code"] == 0 and m["failures"] == []
-    assert m["traces"] == [{"rank": 0, "path": "traces/rank0.json.gz"}]
+    assert [(t["rank"], t["path"]) for t in m["traces"]] == [(0, "traces/rank0.json.gz")]
+    # CPU torch: the host clock times the steps, and the manifest says so and why
+    assert m["unprofiled_timing"] == {"method": "host_clock", "why": "the program does not use CUDA", "ranks": 1}
+    assert m["ranks"][0]["unprofiled_timing"]["host_step_ms"] == m["unprofiled_step_ms"]
     assert m["command"][-4:] == ["20", "-1", "0", "0"] and m["torch"].startswith("2.")
     assert m["profiler"]["schedule"] == {"wait": 1, "warmup": 1, "active": 2, "repeat": 1}
     assert m["unprofiled_step_ms"] > 0 and m["ranks"][0]["timed_steps"] == 3
@@ -157,7 +160,9 @@ def test_program_without_optimizer_uses_gpuprof_step(tmp_path: Path) -> None:
 
 def test_missing_command_and_too_short_program(tmp_path: Path) -> None:
     r = record(tmp_path, "run", "definitely-not-a-command-xyz")
-    assert r.returncode == 127 and "could not start" in r.stderr
+    assert r.returncode == 127, r.stderr
+    assert r.stderr == "gpuprof: error: definitely-not-a-command-xyz: command not found\n"
+    assert not (tmp_path / "run").exists()  # nothing ran: no run folder to mistake for a recording
     script = write(tmp_path, "train.py", TRAIN)
     r = record(tmp_path, "run2", sys.executable, str(script), "3", "-1", "0", "0")
     m = manifest(tmp_path, "run2")
@@ -303,3 +308,420 @@ def test_a_signal_during_export_does_not_lose_the_trace(tmp_path: Path) -> None:
     m = manifest(tmp_path, "run")
     assert m["traces"], m["failures"]
     assert not list(traces.glob("*.partial.json.gz"))
+
+
+# --- #15: the program's whole process tree, its own profiler, its processes' names, its path ------
+
+LONG = """
+import os, sys, time, torch
+progress, sleep = sys.argv[1], float(sys.argv[2])
+m = torch.nn.Linear(64, 10); opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for i in range(100000):
+    m(torch.randn(32, 64)).sum().backward(); opt.step(); opt.zero_grad()
+    with open(progress + ".tmp", "w") as f:
+        f.write(f"{os.getpid()} {i + 1}")
+    os.replace(progress + ".tmp", progress)
+    time.sleep(sleep)
+"""
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def wait_progress(path: Path, steps: int, timeout: float = 180) -> int:
+    """The pid of the LONG program once it has done ``steps`` steps."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            pid, done = map(int, path.read_text().split())
+            if done >= steps:
+                return pid
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.02)
+    raise AssertionError(f"the program did not reach step {steps}")
+
+
+def record_bg(tmp: Path, shell: str, opts: list[str] = FAST) -> subprocess.Popen[str]:
+    """`gpuprof record -- bash -c SHELL`: the program's processes are grandchildren of gpuprof."""
+    return subprocess.Popen([sys.executable, "-m", "gpuprof.cli", "record", "--out", str(tmp / "run"), *opts, "--",
+                             "bash", "-c", shell], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp)
+
+
+def _stop(p: subprocess.Popen[str], *pids: int) -> None:
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    if p.poll() is None:
+        p.kill()
+        p.communicate()
+
+
+def test_ctrl_c_reaches_the_programs_grandchildren(tmp_path: Path) -> None:
+    prog = write(tmp_path, "long.py", LONG)
+    p = record_bg(tmp_path, f'"{sys.executable}" "{prog}" "{tmp_path / "progress"}" 0.01; echo after')
+    pid = wait_progress(tmp_path / "progress", 12)  # past the profiled window (steps 9-10)
+    try:
+        p.send_signal(signal.SIGINT)  # what a terminal's Ctrl-C sends to gpuprof's (foreground) group
+        out, err = p.communicate(timeout=90)
+        assert p.returncode == 130, err  # bash dies of the SIGINT its python died of, as in a shell
+        assert not alive(pid) and "after" not in out
+        m = manifest(tmp_path, "run")
+        assert m["exit_code"] == 130 and m["signal"] == signal.SIGINT and m["traces"]
+    finally:
+        _stop(p, pid)
+
+
+def test_sigterm_waits_for_the_grandchild_trace(tmp_path: Path) -> None:
+    """SIGTERM inside the active window: bash dies at once, its python flushes a partial trace;
+    that trace is in the manifest, written after it, and no process of the program is left."""
+    prog = write(tmp_path, "long.py", LONG)
+    p = record_bg(tmp_path, f'"{sys.executable}" "{prog}" "{tmp_path / "progress"}" 0.6; echo after')
+    pid = wait_progress(tmp_path / "progress", 8)  # steps 9 and 10 are the active ones
+    try:
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=90)
+        assert p.returncode == 128 + signal.SIGTERM, err
+        assert not alive(pid)
+        m = manifest(tmp_path, "run")
+        assert [t["path"] for t in m["traces"]] == ["traces/rank0.json.gz"], m["failures"]
+        assert m["ranks"][0]["pid"] == pid and any("inside the active window" in f for f in m["failures"])
+        trace = tmp_path / "run" / "traces" / "rank0.json.gz"
+        assert (tmp_path / "run" / "manifest.json").stat().st_mtime_ns >= trace.stat().st_mtime_ns
+    finally:
+        _stop(p, pid)
+
+
+def test_processes_left_running_after_a_signal_are_killed(tmp_path: Path) -> None:
+    prog = write(tmp_path, "long.py", LONG)
+    stubborn = tmp_path / "stubborn.pid"
+    p = record_bg(tmp_path, f"(trap '' INT TERM HUP; exec sleep 300) & echo $! > {stubborn}; "
+                            f'"{sys.executable}" "{prog}" "{tmp_path / "progress"}" 0.01',
+                  opts=[*FAST, "--kill-after", "2"])
+    pid = wait_progress(tmp_path / "progress", 12)
+    sleeper = int(stubborn.read_text())
+    try:
+        assert alive(sleeper)
+        t0 = time.time()
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=90)
+        assert p.returncode == 128 + signal.SIGTERM, err
+        assert not alive(sleeper) and not alive(pid) and time.time() - t0 < 60
+        assert "waiting for the 1 process(es)" in err
+        m = manifest(tmp_path, "run")
+        assert any(f.startswith("killed the program's processes still running 2 s") for f in m["failures"])
+        assert m["traces"]
+    finally:
+        _stop(p, pid, sleeper)
+
+
+def test_a_process_that_outlives_the_command_is_waited_for(tmp_path: Path) -> None:
+    """`bash -c "python train.py &"`: bash ends at once, the trace comes later and is kept."""
+    script = write(tmp_path, "train.py", TRAIN)
+    r = record(tmp_path, "run", "bash", "-c", f'"{sys.executable}" "{script}" 20 -1 0 0.02 &')
+    assert r.returncode == 0, r.stderr
+    assert [t["path"] for t in manifest(tmp_path, "run")["traces"]] == ["traces/rank0.json.gz"]
+
+
+OWN_PROFILER = """
+import json, sys, torch
+from torch.profiler import profile, schedule, ProfilerActivity
+out, start_at = sys.argv[1], int(sys.argv[2])
+m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+opt = torch.optim.AdamW(m.parameters())
+written = []
+
+def ready(p):
+    path = f"{out}.{len(written)}.json"
+    p.export_chrome_trace(path)
+    events = json.load(open(path))["traceEvents"]
+    written.append(sorted({e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")}))
+
+def train_step():
+    loss = torch.nn.functional.cross_entropy(m(torch.randn(32, 64)), torch.randint(0, 10, (32,)))
+    loss.backward(); opt.step(); opt.zero_grad()
+
+for i in range(start_at):
+    train_step()
+with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=2, repeat=2),
+             on_trace_ready=ready) as prof:
+    for i in range(12):
+        train_step(); prof.step()
+json.dump(written, open(out + ".summary.json", "w"))
+"""
+
+
+@pytest.mark.parametrize("start_at", [0, 8])
+def test_a_program_with_its_own_profiler_runs_as_without_gpuprof(tmp_path: Path, start_at: int) -> None:
+    """The program enters torch.profiler before gpuprof's window (0) or inside its active window
+    (8: steps 9-10): gpuprof stands aside and the program's own traces are what it gets alone."""
+    prog = write(tmp_path, "own.py", OWN_PROFILER)
+    plain = subprocess.run([sys.executable, str(prog), str(tmp_path / "plain"), str(start_at)], capture_output=True,
+                           text=True, timeout=300)
+    assert plain.returncode == 0, plain.stderr
+    r = record(tmp_path, "run", sys.executable, str(prog), str(tmp_path / "rec"), str(start_at))
+    assert r.returncode == 0, r.stderr
+    expected = json.loads((tmp_path / "plain.summary.json").read_text())
+    assert len(expected) == 2 and json.loads((tmp_path / "rec.summary.json").read_text()) == expected
+    assert "already enabled" not in r.stderr and "no active profiling session" not in r.stderr
+    m = manifest(tmp_path, "run")
+    rank = m["ranks"][0]
+    assert m["traces"] == [] and rank["status"] == "stood_aside" and not list((tmp_path / "run" / "traces").glob(
+        "*.json.gz"))
+    assert rank["own_profiler"] == {"what": "torch.profiler.profile", "at_step": start_at}
+    assert any("ran its own profiler (torch.profiler.profile" in f and "stood aside" in f for f in m["failures"])
+    if start_at == 0:  # profiled from the start: no unprofiled timing, and it says why
+        assert m["unprofiled_step_ms"] is None and "own profiler" in rank["unprofiled_timing"]["why"]
+    else:  # the timed steps (3-6) ended before the program's profiler began
+        assert m["unprofiled_step_ms"] > 0
+
+
+SPAWN = """
+import sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+
+def worker(rank, world, port, use_pg):
+    if use_pg:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    m = torch.nn.Linear(32, 32)
+    if use_pg:
+        m = torch.nn.parallel.DistributedDataParallel(m)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for i in range(12):
+        m(torch.randn(8, 32)).sum().backward(); opt.step(); opt.zero_grad()
+    if use_pg:
+        dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(worker, args=(2, int(sys.argv[1]), sys.argv[2] == "pg"), nprocs=2)
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("mode", ["pg", "none"])
+def test_spawned_workers_never_overwrite_each_other(tmp_path: Path, mode: str) -> None:
+    """torch.multiprocessing.spawn sets no RANK: with a process group the files are named by its
+    ranks, without one by pid; either way each worker keeps its own trace and the manifest lists both."""
+    prog = write(tmp_path, "spawn.py", SPAWN)
+    r = record(tmp_path, "run", sys.executable, str(prog), str(_free_port()), mode)
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = manifest(tmp_path, "run")
+    assert len(m["traces"]) == 2 and len(m["ranks"]) == 2 and m["failures"] == [], m["failures"]
+    pids = sorted(rec["pid"] for rec in m["ranks"])
+    if mode == "pg":
+        assert [t["path"] for t in m["traces"]] == ["traces/rank0.json.gz", "traces/rank1.json.gz"]
+        assert {rec["rank_source"] for rec in m["ranks"]} == {"process_group"} and m["world_size"] == 2
+    else:
+        assert sorted(t["path"] for t in m["traces"]) == [f"traces/pid{p}.json.gz" for p in pids]
+        assert all("rank" not in t for t in m["traces"]) and {rec["rank_source"] for rec in m["ranks"]} == {"pid"}
+    rep = subprocess.run([sys.executable, "-m", "gpuprof.cli", "report", str(tmp_path / "run"), "--format", "json"],
+                         capture_output=True, text=True)
+    assert rep.returncode == 0, rep.stderr[-2000:]
+    assert len(json.loads(rep.stdout)["source"]["paths"]) == 2
+
+
+def test_a_second_process_claiming_a_rank_gets_its_own_name(tmp_path: Path) -> None:
+    """Two main processes one after another (`a.py; b.py`) are both rank 0 by default: the second
+    keeps its trace under its pid instead of replacing the first's."""
+    script = write(tmp_path, "train.py", TRAIN)
+    one = f'"{sys.executable}" "{script}" 20 -1 0 0'
+    r = record(tmp_path, "run", "bash", "-c", f"{one}; {one}")
+    assert r.returncode == 0, r.stderr
+    m = manifest(tmp_path, "run")
+    second = next(rec for rec in m["ranks"] if rec["name"] != "rank0")
+    assert [t["path"] for t in m["traces"]] == ["traces/rank0.json.gz", f"traces/rank0.pid{second['pid']}.json.gz"]
+
+
+USER_PROGRAM = """
+import json, os, sys
+import analyzers, benchmarks, reports, tests
+import torch, gpuprof
+m = torch.nn.Linear(8, 8); opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for i in range(12):
+    m(torch.randn(4, 8)).sum().backward(); opt.step(); opt.zero_grad()
+print(json.dumps({"who": [analyzers.WHO, benchmarks.WHO, reports.WHO, tests.WHO],
+                  "pythonpath": os.environ["PYTHONPATH"], "gpuprof": gpuprof.__file__}))
+"""
+
+
+def test_the_programs_own_modules_are_not_shadowed(tmp_path: Path) -> None:
+    """A user's `reports`, `tests`, `analyzers`, `benchmarks` (on the user's PYTHONPATH) are what
+    the program imports, not the same-named folders of gpuprof's checkout."""
+    from gpuprof.record.launcher import BOOT
+
+    lib = tmp_path / "lib"
+    (lib / "tests").mkdir(parents=True)
+    (lib / "benchmarks").mkdir()
+    (lib / "reports.py").write_text("WHO = 'user reports'\n")
+    (lib / "analyzers.py").write_text("WHO = 'user analyzers'\n")
+    (lib / "tests" / "__init__.py").write_text("WHO = 'user tests'\n")
+    (lib / "benchmarks" / "__init__.py").write_text("WHO = 'user benchmarks'\n")
+    (tmp_path / "app").mkdir()
+    prog = write(tmp_path / "app", "main.py", USER_PROGRAM)
+    r = subprocess.run([sys.executable, "-m", "gpuprof.cli", "record", "--out", str(tmp_path / "run"), *FAST, "--",
+                        sys.executable, str(prog)], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(lib)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["who"] == ["user analyzers", "user benchmarks", "user reports", "user tests"]
+    assert out["pythonpath"] == os.pathsep.join([str(BOOT), str(lib)])
+    assert manifest(tmp_path, "run")["traces"]  # and gpuprof itself was found and recorded
+
+
+def test_the_bootstrap_makes_only_gpuprof_importable(tmp_path: Path) -> None:
+    """An interpreter that cannot see gpuprof (-S: no site-packages, so no install) finds gpuprof
+    through the bootstrap, and nothing else that sits beside it."""
+    from gpuprof.record.launcher import BOOT
+
+    code = ("import os, runpy, importlib.util as u; os.environ['GPUPROF_RUN_DIR'] = 'x'; "
+            f"runpy.run_path({str(BOOT / 'sitecustomize.py')!r}); import gpuprof.record.hook as h; "
+            "print(h.__file__, [n for n in ('reports', 'analyzers', 'tests', 'benchmarks') if u.find_spec(n)])")
+    r = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert r.returncode == 0, r.stderr
+    path, found = r.stdout.split(" ", 1)
+    assert Path(path) == BOOT.parent / "hook.py" and found.strip() == "[]"
+
+
+# --- #15/#11: bad --out, bad counts, commands that cannot start, programs that never step -------
+
+@pytest.mark.parametrize("out", ["/proc/gpuprof-no-such-dir/run", "/sys/gpuprof-test-run", "file"])
+def test_an_unwritable_out_is_one_line(tmp_path: Path, out: str) -> None:
+    if out == "file":
+        (tmp_path / "file").write_text("keep me")
+    target = tmp_path / out if out == "file" else Path(out)
+    r = subprocess.run([sys.executable, "-m", "gpuprof.cli", "record", "--out", str(target), "--", sys.executable,
+                        "-c", "pass"], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith(f"gpuprof: error: {target}: ")
+    assert "Traceback" not in r.stderr
+    if out == "file":
+        assert (tmp_path / "file").read_text() == "keep me"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_a_read_only_out_is_one_line(tmp_path: Path) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        r = record(tmp_path, "ro/run", sys.executable, "-c", "pass")
+        assert r.returncode == 2 and "cannot create the run folder (Permission denied)" in r.stderr
+        r = record(tmp_path, "ro", sys.executable, "-c", "pass")  # the empty folder itself
+        assert r.returncode == 2 and "cannot write in the run folder (Permission denied)" in r.stderr
+    finally:
+        ro.chmod(0o755)
+
+
+def test_two_records_into_one_folder(tmp_path: Path) -> None:
+    """Started together into one new folder: exactly one records, the others are refused in one line."""
+    script = write(tmp_path, "train.py", TRAIN)
+    ps = [subprocess.Popen([sys.executable, "-m", "gpuprof.cli", "record", "--out", str(tmp_path / "run"), *FAST,
+                            "--", sys.executable, str(script), "20", "-1", "0", "0"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path) for _ in range(4)]
+    results = [(p.wait(timeout=300), p.communicate()[1]) for p in ps]
+    assert sorted(rc for rc, _ in results) == [0, 2, 2, 2], results
+    for rc, err in results:
+        if rc == 2:
+            assert err.count("\n") == 1 and ("already in use" in err or "is not empty" in err), err
+    m = manifest(tmp_path, "run")
+    assert m["exit_code"] == 0 and len(m["ranks"]) == 1 and m["traces"]
+    # and a record into the finished run is refused, leaving it as it was
+    before = (tmp_path / "run" / "manifest.json").read_bytes()
+    r = record(tmp_path, "run", sys.executable, "-c", "pass")
+    assert r.returncode == 2 and (tmp_path / "run" / "manifest.json").read_bytes() == before
+
+
+@pytest.mark.parametrize("opt", [["--skip-steps", "-1"], ["--timed-steps", "-3"], ["--nvml-hz", "0"],
+                                 ["--kill-after", "-1"]])
+def test_negative_counts_are_refused(tmp_path: Path, opt: list[str]) -> None:
+    r = record(tmp_path, "run", sys.executable, "-c", "pass", opts=opt)
+    assert r.returncode == 2 and "Invalid value" in r.stderr and not (tmp_path / "run").exists()
+
+
+def test_a_command_that_cannot_run_exits_as_a_shell_would(tmp_path: Path) -> None:
+    script = write(tmp_path, "notexec.sh", "#!/bin/sh\necho hi\n")
+    r = record(tmp_path, "run", str(script))
+    assert r.returncode == 126 and r.stderr == f"gpuprof: error: {script}: is not an executable file\n"
+    r = record(tmp_path, "run", str(tmp_path / "missing.py"))
+    assert r.returncode == 127 and r.stderr.count("\n") == 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_program_that_never_steps_is_told_how_to_mark_steps(tmp_path: Path) -> None:
+    script = write(tmp_path, "nostep.py", "import torch\nm = torch.nn.Linear(4, 4)\nfor i in range(20):\n"
+                                          "    m(torch.randn(2, 4))\n")
+    r = record(tmp_path, "run", sys.executable, str(script))
+    assert r.returncode == 0, r.stderr
+    m = manifest(tmp_path, "run")
+    assert m["ranks"] == [] and m["processes_without_steps"][0]["program"] == "nostep.py"
+    (msg,) = m["failures"]
+    assert msg.startswith("torch was imported by nostep.py (pid ") and "never called step() on a torch.optim" in msg
+    assert "gpuprof.step()" in msg and "never imported" not in msg
+    assert not (tmp_path / "run" / ".procs").exists()
+    r = record(tmp_path, "run2", sys.executable, "-c", "print('no torch here')")
+    assert r.returncode == 0 and manifest(tmp_path, "run2")["failures"][0].startswith(
+        "no process of the program imported torch")
+
+
+def test_cuda_event_timing_spans_the_window_without_a_sync_per_step(monkeypatch: pytest.MonkeyPatch,
+                                                                    tmp_path: Path) -> None:
+    """SYNTHETIC (no GPU here): a fake torch.cuda whose GPU takes 10 ms per step and runs 3 steps
+    behind a host that enqueues a step in microseconds. The recorder's figure is the GPU's, taken
+    from one event at each end of the window; it never waits for the GPU unless the process ends."""
+    import torch
+
+    from gpuprof.record import hook
+
+    now = {"step": 0, "syncs": 0}
+
+    class Event:
+        def __init__(self, enable_timing: bool) -> None:
+            assert enable_timing
+            self.at = -1
+
+        def record(self, stream: object) -> None:
+            assert stream == "stream of cuda:1"
+            self.at = now["step"]
+
+        def query(self) -> bool:
+            return now["step"] >= self.at + 3
+
+        def synchronize(self) -> None:
+            now["syncs"] += 1
+
+        def elapsed_time(self, end: "Event") -> float:
+            return (end.at - self.at) * 10.0
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda dev=None: f"stream of {dev}")
+
+    def run(steps: int) -> hook.Recorder:
+        rec = hook.Recorder(tmp_path, (2, 4, 1, 1, 1, 1), True, False)
+        rec.device = torch.device("cuda", 1)  # the stepping optimizer's parameters' device
+        monkeypatch.setattr(rec, "_start", lambda: None)  # the profiler itself is not under test here
+        for _ in range(steps):
+            now["step"] += 1
+            rec.step()
+        return rec
+
+    rec = run(7)  # marks at steps 3..7: 4 timed steps
+    ms, timing = rec.unprofiled()
+    assert ms is None and timing["method"] == "cuda_events" and timing["device"] == "cuda:1"  # GPU not there yet
+    now["step"] += 3
+    ms, timing = rec.unprofiled()
+    assert ms == pytest.approx(10.0) and timing["steps"] == 4 and timing["host_step_ms"] < 5.0
+    assert now["syncs"] == 0
+    rec = run(7)
+    assert rec.unprofiled(block=True)[0] == pytest.approx(10.0) and now["syncs"] == 1  # at exit only

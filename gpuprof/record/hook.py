@@ -4,26 +4,53 @@ Configured by environment variables the launcher sets (``GPUPROF_RUN_DIR``, ``GP
 "skip,timed,wait,warmup,active,repeat", ``GPUPROF_RECORD_SHAPES``, ``GPUPROF_WITH_STACK``).
 Steps: the first ``skip`` are left alone (start-up, compilation); the next ``timed`` are timed
 without the profiler (the run's real step time); then torch.profiler runs its
-``wait, warmup, active`` schedule ``repeat`` times and writes ``traces/rank{R}.json.gz``.
+``wait, warmup, active`` schedule ``repeat`` times and writes ``traces/{name}.json.gz``.
+
+Timing without the profiler: when the program uses CUDA, one CUDA event is recorded on the
+stepping optimizer's device at each end of the timed window, so the figure is the GPU timeline's
+step time (the host runs ahead of the GPU by as many steps as the launch queue holds; timing the
+host alone read half the real step time on a GPU-bound loop). No step synchronises: the end
+event is read once it has completed, or, at exit, waited for. Programs that never initialise
+CUDA are timed on the host clock. The record says which (``unprofiled_timing``).
+
+File names: each process claims its own name before it writes anything (``O_EXCL``), so no
+process ever writes over another's files: ``rank{R}`` with R from the process group once it
+exists, else from torchrun's ``RANK``; a process without a rank that is the program's main
+process is ``rank0``; one started by multiprocessing (``torch.multiprocessing.spawn`` workers
+before or without a process group) is ``pid{PID}``; a name already claimed gets ``.pid{PID}``.
 
 Steps are counted from the first optimizer whose ``step()`` runs (others are ignored, so GANs
 count iterations, not optimizer calls), or from ``gpuprof.step()`` once the program calls it.
 Any profiler error is reported in the rank's record and the program carries on unprofiled: a
-profiler failure never kills training. On exit, a crash, SIGTERM or Ctrl-C, an active window
-is stopped and written, and the rank's record ``traces/rank{R}.meta.json`` is saved.
+profiler failure never kills training. A program that runs a profiler of its own (torch.profiler,
+the autograd profiler, emit_nvtx/emit_itt) is left to it: gpuprof's profiler does not start, or
+stops and discards its window, before the program's starts (two Kineto sessions in one process
+fail or crash), and the record says so. On exit, a crash, SIGTERM, SIGHUP or Ctrl-C, an active
+window is stopped and written, and the rank's record ``traces/{name}.meta.json`` is saved.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import functools
 import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 _STATE: "Recorder | None" = None
+_EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _int_env(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
 
 
 class Recorder:
@@ -31,8 +58,11 @@ class Recorder:
         self.run_dir = run_dir
         self.skip, self.timed, self.wait, self.warmup, self.active, self.repeat = schedule
         self.record_shapes, self.with_stack = record_shapes, with_stack
-        self.rank = int(os.environ.get("RANK", "0") or 0)
-        self.world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        self.env_rank = _int_env("RANK")
+        self.rank: int | None = self.env_rank
+        self.world = _int_env("WORLD_SIZE") or 1
+        self.rank_source = "env" if self.env_rank is not None else None
+        self.stem: str | None = None  # this process's claimed file name
         self.steps = 0
         self.marks: list[float] = []
         self.prof: Any = None
@@ -42,7 +72,13 @@ class Recorder:
         self.traces: list[str] = []
         self.manual = False
         self.optimizer_id: int | None = None
-        self.t_first: float | None = None
+        self.device: Any = None  # the stepping optimizer's CUDA device, for the timing events
+        self.events: list[Any] = []
+        self.timing: dict[str, Any] = {}
+        self.gpu_step_ms: float | None = None
+        self.foreign: dict[str, Any] | None = None  # the program's own profiler, once seen
+        self.own = 0  # > 0 while gpuprof itself drives torch.profiler
+        self.discard = False
 
     # --- steps -----------------------------------------------------------------------------
     def on_optimizer_step(self, optimizer: Any) -> None:
@@ -50,26 +86,102 @@ class Recorder:
             return
         if self.optimizer_id is None:
             self.optimizer_id = id(optimizer)
+            self.device = _cuda_device_of(optimizer)
         if id(optimizer) == self.optimizer_id:
             self.step()
 
     def step(self) -> None:
+        self.steps += 1
         if self.finished:
             return
-        self.steps += 1
-        now = time.perf_counter()
-        if self.t_first is None:
-            self.t_first = now
-        first_timed = self.skip + 1
-        if first_timed <= self.steps <= self.skip + self.timed + 1:
-            self.marks.append(now)  # timed+1 marks bound timed intervals
-            if self.steps == self.skip + self.timed + 1:
+        first_timed, last_timed = self.skip + 1, self.skip + self.timed + 1
+        if first_timed <= self.steps <= last_timed:
+            self.marks.append(time.perf_counter())  # timed+1 marks bound timed intervals
+            if self.steps == first_timed and self.timed > 0:
+                self._event(start=True)
+            if self.steps == last_timed:
+                if self.timed > 0:
+                    self._event(start=False)
                 self._start()
             return
         if self.prof is not None:
             self._advance()
 
+    # --- timing without the profiler -------------------------------------------------------
+    def _event(self, start: bool) -> None:
+        """A CUDA event at one end of the timed window, on the stream the program steps on."""
+        try:
+            import torch
+
+            if start:
+                if not torch.cuda.is_initialized():  # never create a CUDA context the program did not
+                    self.timing = {"method": "host_clock", "why": "the program does not use CUDA"}
+                    return
+                if torch.cuda.is_current_stream_capturing():
+                    self.timing = {"method": "host_clock", "why": "the steps run inside CUDA graph capture"}
+                    return
+            elif not self.events:
+                return
+            dev = self.device if self.device is not None else torch.device("cuda", torch.cuda.current_device())
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record(torch.cuda.current_stream(dev))
+            self.events.append(ev)
+            self.timing = {"method": "cuda_events", "device": str(dev)}
+        except Exception as e:
+            self.events = []
+            self.timing = {"method": "host_clock", "why": f"CUDA events failed ({e.__class__.__name__}: {e})"}
+
+    def _gpu_ms(self, block: bool) -> float | None:
+        """Mean step time on the GPU between the window's two events; ``block`` waits for the end
+        event (only at exit), otherwise None until the GPU has passed it."""
+        if self.gpu_step_ms is None and len(self.events) == 2 and len(self.marks) >= 2:
+            try:
+                start, end = self.events
+                if not end.query():
+                    if not block:
+                        return None
+                    end.synchronize()
+                self.gpu_step_ms = float(start.elapsed_time(end)) / (len(self.marks) - 1)
+            except Exception as e:
+                self.events = []
+                self.timing = {"method": "host_clock", "why": f"CUDA events failed ({e.__class__.__name__}: {e})"}
+        return self.gpu_step_ms
+
+    def host_step_ms(self) -> float | None:
+        if len(self.marks) < self.timed + 1 or len(self.marks) < 2:
+            return None  # a window cut short (the program's own profiler, an early end) is no timing
+        return (self.marks[-1] - self.marks[0]) * 1000.0 / (len(self.marks) - 1)
+
+    def unprofiled(self, block: bool = False) -> tuple[float | None, dict[str, Any]]:
+        host = self.host_step_ms()
+        timing = dict(self.timing, steps=max(len(self.marks) - 1, 0))
+        if self.foreign is not None and self.foreign["at_step"] < self.skip + self.timed + 1:
+            return None, {"method": None, "why": f"the program's own profiler ({self.foreign['what']}) was active "
+                                                 f"in the timed steps", "steps": 0}
+        if host is None:
+            return None, dict(timing, method=None)
+        timing["host_step_ms"] = host
+        if timing.get("method") == "cuda_events":
+            gpu = self._gpu_ms(block)
+            timing["gpu_step_ms"] = gpu
+            return gpu, timing
+        timing["method"] = "host_clock"
+        return host, timing
+
+    # --- gpuprof's own profiler --------------------------------------------------------------
+    @contextlib.contextmanager
+    def _ours(self) -> Iterator[None]:
+        self.own += 1
+        try:
+            yield
+        finally:
+            self.own -= 1
+
     def _start(self) -> None:
+        self._claim()
+        if torch_profiler_enabled():
+            self.on_foreign_profiler("a profiler already enabled in this process")
+            return
         try:
             import torch
 
@@ -77,18 +189,22 @@ class Recorder:
             if torch.cuda.is_available():
                 acts.append(torch.profiler.ProfilerActivity.CUDA)
             (self.run_dir / "traces").mkdir(exist_ok=True)
-            self.prof = torch.profiler.profile(
-                activities=acts, record_shapes=self.record_shapes, with_stack=self.with_stack,
-                schedule=torch.profiler.schedule(wait=self.wait, warmup=self.warmup, active=self.active,
-                                                 repeat=self.repeat),
-                on_trace_ready=self._export)
-            self.prof.start()
+            with self._ours():
+                self.prof = torch.profiler.profile(
+                    activities=acts, record_shapes=self.record_shapes, with_stack=self.with_stack,
+                    schedule=torch.profiler.schedule(wait=self.wait, warmup=self.warmup, active=self.active,
+                                                     repeat=self.repeat),
+                    on_trace_ready=self._export)
+                self.prof.start()
         except Exception as e:
             self._fail(f"profiler could not start: {e.__class__.__name__}: {e}")
+            return
+        self.write_record()
 
     def _advance(self) -> None:
         try:
-            self.prof.step()
+            with self._ours():
+                self.prof.step()
             self.prof_steps += 1
             if self.prof_steps >= (self.wait + self.warmup + self.active) * self.repeat:
                 self._stop()
@@ -97,14 +213,17 @@ class Recorder:
 
     def _export(self, prof: Any) -> None:
         """Write the trace under a temporary name, then rename: a trace file that exists is whole.
-        SIGINT/SIGTERM arriving meanwhile are held and delivered once the file is written."""
-        name = f"rank{self.rank}.json.gz" if not self.traces else f"rank{self.rank}.cycle{len(self.traces)}.json.gz"
+        SIGINT/SIGTERM/SIGHUP arriving meanwhile are held and delivered once the file is written."""
+        if self.discard:
+            return
+        stem = self._claim()
+        name = f"{stem}.json.gz" if not self.traces else f"{stem}.cycle{len(self.traces)}.json.gz"
         path = self.run_dir / "traces" / name
-        tmp = path.with_name(name.replace(".json.gz", ".partial.json.gz"))
+        tmp = path.with_name(f"{stem}.partial.json.gz")
         with _held_signals():
             try:
                 prof.export_chrome_trace(str(tmp))
-                os.replace(tmp, path)
+                os.replace(tmp, path)  # the name is this process's own (claimed): nothing else is replaced
                 self.traces.append(f"traces/{name}")
                 self.write_record()
             except Exception as e:
@@ -115,7 +234,8 @@ class Recorder:
         self.finished = True
         if prof is not None:
             try:
-                prof.stop()  # in an active window this writes the partial trace via on_trace_ready
+                with self._ours():
+                    prof.stop()  # in an active window this writes the partial trace via on_trace_ready
             except Exception as e:
                 self._fail(f"profiler stop failed: {e.__class__.__name__}: {e}")
         self.write_record()
@@ -127,41 +247,110 @@ class Recorder:
         print(f"gpuprof: {msg}; the program continues unprofiled", file=sys.stderr)
         self.write_record()
 
-    # --- record ----------------------------------------------------------------------------
-    def unprofiled_step_ms(self) -> float | None:
-        if len(self.marks) < 2:
-            return None
-        return (self.marks[-1] - self.marks[0]) * 1000.0 / (len(self.marks) - 1)
+    def on_foreign_profiler(self, what: str) -> None:
+        """The program starts a profiler of its own: stand aside, once, before it starts."""
+        if self.foreign is not None:
+            return
+        self.foreign = {"what": what, "at_step": self.steps}
+        if self.finished and self.prof is None:
+            if self.steps:
+                self.write_record()  # gpuprof's window is over (or failed): only note it
+            return
+        print(f"gpuprof: the program runs its own profiler ({what}, at step {self.steps}); gpuprof stands aside "
+              f"and records no trace of its own", file=sys.stderr)
+        self.discard = True
+        self._stop()  # before the program's profiler starts: one Kineto session at a time
 
-    def write_record(self, status: str | None = None) -> None:
+    # --- record ----------------------------------------------------------------------------
+    def _identity(self) -> None:
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                self.rank, self.world, self.rank_source = dist.get_rank(), dist.get_world_size(), "process_group"
+                return
+        except Exception:
+            pass
+        if self.rank_source is None and _is_main_process():
+            self.rank, self.rank_source = 0, "main_process"
+
+    def _claim(self) -> str:
+        """This process's file name, claimed once by creating its record exclusively."""
+        if self.stem is not None:
+            return self.stem
+        self._identity()
+        pid = os.getpid()
+        names = ([f"rank{self.rank}", f"rank{self.rank}.pid{pid}"] if self.rank is not None else [f"pid{pid}"])
+        names += [f"{names[-1]}.{i}" for i in range(1, 100)]  # a recycled pid in a long run
+        d = self.run_dir / "traces"
+        d.mkdir(exist_ok=True)
+        for stem in names:
+            try:
+                os.close(os.open(d / f"{stem}.meta.json", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            except FileExistsError:
+                continue
+            self.stem = stem
+            return stem
+        raise OSError(f"no free file name for pid {pid} in {d}")
+
+    def write_record(self, block: bool = False) -> None:
         if self.steps == 0:
-            return  # a helper process (launcher, DataLoader worker): nothing to say
+            return  # a helper process (launcher, DataLoader worker): see at_exit
         try:
             import torch
 
             versions = {"torch": torch.__version__, "cuda": torch.version.cuda,
-                        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-                        "cuda_device": torch.cuda.current_device() if torch.cuda.is_available() else None,
+                        "gpu": torch.cuda.get_device_name() if torch.cuda.is_initialized() else None,
+                        "cuda_device": torch.cuda.current_device() if torch.cuda.is_initialized() else None,
                         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
         except Exception:
             versions = {}
-        rec = {
-            "rank": self.rank, "world_size": self.world, "pid": os.getpid(), **versions,
-            "steps_seen": self.steps, "step_source": "gpuprof.step()" if self.manual else "optimizer.step()",
-            "timed_steps": max(len(self.marks) - 1, 0), "unprofiled_step_ms": self.unprofiled_step_ms(),
-            "profiled_steps": self.prof_steps, "trace": self.traces[0] if self.traces else None,
-            "traces": self.traces, "status": status or ("complete" if self.finished and not self.failures else "partial"),
-            "failures": self.failures,
-        }
         try:
-            from gpuprof.record.manifest import RANK_FILE, write_json_atomic
+            stem = self._claim()
+            if self.rank_source in (None, "main_process"):
+                self._identity()  # a process group created after the name was claimed still names the rank
+            step_ms, timing = self.unprofiled(block)
+            status = ("stood_aside" if self.foreign is not None and self.discard else
+                      "complete" if self.finished and not self.failures else "partial")
+            rec = {
+                "rank": self.rank, "rank_source": self.rank_source or "pid", "world_size": self.world,
+                "pid": os.getpid(), "name": stem, **versions,
+                "steps_seen": self.steps, "step_source": "gpuprof.step()" if self.manual else "optimizer.step()",
+                "timed_steps": timing.get("steps", 0), "unprofiled_step_ms": step_ms, "unprofiled_timing": timing,
+                "profiled_steps": self.prof_steps, "trace": self.traces[0] if self.traces else None,
+                "traces": self.traces, "status": status, "own_profiler": self.foreign,
+                "failures": self.failures,
+            }
+            if self.rank is None:
+                del rec["rank"]  # readers take a missing rank as unknown; null would read as a number
+            from gpuprof.record.manifest import write_json_atomic
 
-            (self.run_dir / "traces").mkdir(exist_ok=True)
-            write_json_atomic(self.run_dir / "traces" / RANK_FILE.format(rank=self.rank), rec)
+            write_json_atomic(self.run_dir / "traces" / f"{stem}.meta.json", rec)
         except Exception as e:
             print(f"gpuprof: could not write the rank record: {e}", file=sys.stderr)
 
+    def _note_no_steps(self) -> None:
+        """A process that imported torch and never stepped leaves a note, so the launcher can say
+        what happened (DataLoader workers excepted: they never step by design)."""
+        try:
+            from torch.utils.data import get_worker_info
+
+            if get_worker_info() is not None:
+                return
+            from gpuprof.record.manifest import PROCS_DIR, write_json_atomic
+
+            d = self.run_dir / PROCS_DIR
+            d.mkdir(exist_ok=True)
+            write_json_atomic(d / f"pid{os.getpid()}.json",
+                              {"pid": os.getpid(), "program": os.path.basename(sys.argv[0]) if sys.argv else "",
+                               "main_process": _is_main_process(), "own_profiler": self.foreign})
+        except Exception:
+            pass
+
     def at_exit(self) -> None:
+        if self.steps == 0:
+            self._note_no_steps()
+            return
         if self.prof is not None:
             in_cycle = self.prof_steps % (self.wait + self.warmup + self.active)
             if in_cycle >= self.wait + self.warmup:
@@ -170,23 +359,47 @@ class Recorder:
             else:
                 self.failures.append("the program ended before the active window began; no trace was captured")
             self._stop()
-        elif self.steps and not self.finished:
-            if self.steps <= self.skip + self.timed:
-                self.failures.append(f"the program ended after {self.steps} steps, before profiling began "
-                                     f"(skip {self.skip} + timed {self.timed}); lower --skip-steps/--timed-steps")
-            self.write_record()
-        else:
-            self.write_record()
+        elif not self.finished and self.steps <= self.skip + self.timed:
+            self.failures.append(f"the program ended after {self.steps} steps, before profiling began "
+                                 f"(skip {self.skip} + timed {self.timed}); lower --skip-steps/--timed-steps")
+        self.write_record(block=True)
+
+
+def _is_main_process() -> bool:
+    import multiprocessing
+
+    return multiprocessing.parent_process() is None
+
+
+def _cuda_device_of(optimizer: Any) -> Any:
+    try:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.device.type == "cuda":
+                    return p.device
+    except Exception:
+        pass
+    return None
+
+
+def torch_profiler_enabled() -> bool:
+    """Whether a profiler session (any of torch's) is enabled in this process right now."""
+    try:
+        import torch
+
+        return bool(torch._C._autograd._profiler_enabled() or torch.autograd.profiler._is_profiler_enabled)
+    except Exception:
+        return False
 
 
 class _held_signals:
-    """Hold SIGINT and SIGTERM (main thread only) and re-deliver them on exit."""
+    """Hold SIGINT, SIGTERM and SIGHUP (main thread only) and re-deliver them on exit."""
 
     def __enter__(self) -> None:
         self.got: list[int] = []
         self.old: dict[int, Any] = {}
         try:
-            for s in (signal.SIGINT, signal.SIGTERM):
+            for s in (signal.SIGINT, *_EXIT_SIGNALS):
                 self.old[s] = signal.signal(s, lambda signum, frame: self.got.append(signum))
         except ValueError:
             self.old = {}  # not the main thread: signals go to the main thread anyway
@@ -209,6 +422,42 @@ def step() -> None:
         _STATE.step()
 
 
+# Where a program enters a profiler of its own. torch.profiler.profile.start is seen even in a
+# schedule's wait steps; autograd.profiler.profile._prepare_trace is every Kineto session's start
+# (torch.profiler's cycles and the autograd profiler used directly).
+_PROFILER_ENTRIES = (("torch.profiler", "profile", "start", "torch.profiler.profile"),
+                     ("torch.profiler.profiler", "_KinetoProfile", "start", "torch.profiler (_KinetoProfile)"),
+                     ("torch.autograd.profiler", "profile", "_prepare_trace", "torch.autograd.profiler.profile"),
+                     ("torch.autograd.profiler", "emit_nvtx", "__enter__", "torch.autograd.profiler.emit_nvtx"),
+                     ("torch.autograd.profiler", "emit_itt", "__enter__", "torch.autograd.profiler.emit_itt"),
+                     ("torch.autograd.profiler_legacy", "profile", "__enter__", "torch.autograd.profiler_legacy.profile"))
+
+
+def _watch_profilers(state: Recorder) -> None:
+    import importlib
+
+    for module, cls_name, method, what in _PROFILER_ENTRIES:
+        try:
+            cls = getattr(importlib.import_module(module), cls_name)
+            orig = cls.__dict__.get(method)
+        except Exception:
+            continue
+        if orig is None or getattr(orig, "_gpuprof_watch", False):
+            continue
+
+        def entered(self: Any, *args: Any, _orig: Any = orig, _what: str = what, **kwargs: Any) -> Any:
+            if state.own == 0:
+                try:
+                    state.on_foreign_profiler(_what)
+                except Exception as e:  # never break the program's own profiler
+                    print(f"gpuprof: {e}", file=sys.stderr)
+            return _orig(self, *args, **kwargs)
+
+        functools.update_wrapper(entered, orig)
+        setattr(entered, "_gpuprof_watch", True)
+        setattr(cls, method, entered)
+
+
 def install() -> None:
     """Called by the bootstrap once torch is imported in a process of a recorded run."""
     global _STATE
@@ -225,9 +474,11 @@ def install() -> None:
         register_optimizer_step_post_hook(lambda opt, args, kwargs: state.on_optimizer_step(opt))
     except Exception as e:  # very old torch: gpuprof.step() still works
         state.failures.append(f"no global optimizer hook ({e}); call gpuprof.step() each step")
+    _watch_profilers(state)
     atexit.register(state.at_exit)
-    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-        try:  # turn SIGTERM into a normal exit so the window is flushed (only if the program has no handler)
-            signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-        except ValueError:
-            pass  # not the main thread
+    for s in _EXIT_SIGNALS:
+        if signal.getsignal(s) in (signal.SIG_DFL, None):
+            try:  # turn the signal into a normal exit so the window is flushed (only if the program has no handler)
+                signal.signal(s, lambda signum, frame: sys.exit(128 + signum))
+            except ValueError:
+                pass  # not the main thread

@@ -1,15 +1,31 @@
 """The ``gpuprof record`` parent: run the program, sample NVML, write the run folder.
 
-The program runs unchanged as a child process (no shell), with the bootstrap directory and
-gpuprof's own location prepended to PYTHONPATH. SIGINT and SIGTERM are passed on to it; whatever
-happens, the manifest is written and gpuprof exits with the program's exit code (128 + N when a
-signal N ended it). An existing non-empty ``--out`` is refused: a run is never overwritten.
+The program runs unchanged as a child process (no shell), in a process group of its own, with
+only the bootstrap directory prepended to PYTHONPATH (the bootstrap finds gpuprof itself, so the
+folder gpuprof lives in, a checkout with its ``reports/`` and ``tests/``, never shadows the
+program's modules). SIGINT, SIGTERM and SIGHUP are passed on to that whole group, as a terminal
+passes Ctrl-C to every process of a job (``bash -c "python train.py; ..."`` stops python too).
+
+The manifest is written only once every process the program started has ended: gpuprof is the
+child subreaper on Linux (``PR_SET_CHILD_SUBREAPER``), so processes orphaned by the program come
+to it and are waited for, and a trace written by a grandchild after its parent died lands before
+the manifest. After a passed-on signal, what is still running ``kill_after`` seconds after the
+program's own process ended is killed (SIGKILL), and the manifest says so: nothing gpuprof
+started survives it. gpuprof exits with the program's exit code (128 + N when signal N ended it).
+
+The run folder is claimed atomically (a second ``record`` into the same folder fails, and an
+existing non-empty ``--out`` is refused: a run is never overwritten). A command that cannot be
+started is refused before anything is created (exit 127 when not found, 126 when not executable,
+as a shell would): nothing ran, so no run folder is left to be mistaken for a recording.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,12 +34,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuprof.errors import UsageError
+from gpuprof.errors import GpuprofError, UsageError
 from gpuprof.record import manifest
 from gpuprof.record.nvml import Sampler, load_nvml
 
 BOOT = Path(__file__).resolve().parent / "_boot"
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class CommandError(GpuprofError):
+    """The command cannot be started; exit codes as a POSIX shell's (127 not found, 126 not executable)."""
+
+    def __init__(self, message: str, path: str | None = None, exit_code: int = 127) -> None:
+        super().__init__(message, path)
+        self.exit_code = exit_code
 
 
 @dataclass(frozen=True)
@@ -41,24 +65,67 @@ class Options:
     nvml_counters: bool = True
     with_stack: bool = False
     record_shapes: bool = True
+    kill_after: float = 60.0
 
 
-def new_run_dir(out: Path | None, base: Path = Path("gpuprof_runs")) -> Path:
-    """Create the run folder: ``out`` if new or empty, else a fresh time-stamped one under ``base``."""
+def _claim(d: Path) -> None:
+    """Make ``traces/``: the one step that two recorders into the same folder cannot both pass."""
+    try:
+        (d / "traces").mkdir()
+    except FileExistsError:
+        raise UsageError("is already in use by another gpuprof record (choose a new --out)", str(d)) from None
+    except OSError as e:
+        raise UsageError(f"cannot write in the run folder ({e.strerror})", str(d)) from None
+
+
+def new_run_dir(out: Path | None, base: Path = Path("gpuprof_runs")) -> tuple[Path, bool]:
+    """Create and claim the run folder: ``out`` if new or empty, else a fresh time-stamped one
+    under ``base``. Returns the folder and whether gpuprof created it."""
     if out is not None:
-        if out.exists() and (not out.is_dir() or any(out.iterdir())):
-            raise UsageError("exists and is not empty; gpuprof never writes over a run (choose a new --out)", str(out))
-        out.mkdir(parents=True, exist_ok=True)
-        return out
+        created = False
+        try:
+            out.mkdir(parents=True)
+            created = True
+        except FileExistsError:
+            if not out.is_dir():
+                raise UsageError("exists and is not a folder; --out takes a new or empty folder", str(out)) from None
+            try:
+                if any(out.iterdir()):
+                    raise UsageError("exists and is not empty; gpuprof never writes over a run (choose a new --out)",
+                                     str(out))
+            except OSError as e:
+                raise UsageError(f"cannot read the folder ({e.strerror})", str(out)) from None
+        except OSError as e:
+            raise UsageError(f"cannot create the run folder ({e.strerror})", str(out)) from None
+        _claim(out)
+        return out, created
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for i in range(1000):
         d = base / (stamp if i == 0 else f"{stamp}-{i}")
         try:
             d.mkdir(parents=True)
-            return d
         except FileExistsError:
             continue
+        except OSError as e:
+            raise UsageError(f"cannot create a run folder ({e.strerror}); choose one with --out", str(base)) from None
+        _claim(d)
+        return d, True
     raise UsageError("could not create a new run folder", str(base))
+
+
+def resolve_command(cmd: list[str], env: dict[str, str]) -> str:
+    """The executable ``cmd[0]`` names, looked up as a shell would, or a :class:`CommandError`."""
+    name = cmd[0]
+    if os.sep in name:
+        if not os.path.exists(name):
+            raise CommandError("no such file", name)
+        if os.path.isdir(name) or not os.access(name, os.X_OK):
+            raise CommandError("is not an executable file", name, exit_code=126)
+        return name
+    found = shutil.which(name, path=env.get("PATH", os.defpath))
+    if found is None:
+        raise CommandError("command not found", name)
+    return found
 
 
 def _gpus(nv: Any) -> list[dict[str, Any]]:
@@ -83,14 +150,24 @@ def _visible(env: dict[str, str]) -> list[int] | None:
         return None  # UUIDs or MIG names: sample every GPU
 
 
+def _remove_unused(run_dir: Path, created: bool) -> None:
+    """Undo a run folder whose program never started: only what gpuprof itself put there."""
+    for p in (run_dir / "nvml.csv", run_dir / "traces", run_dir):
+        if p == run_dir and not created:
+            break
+        with contextlib.suppress(OSError):
+            p.rmdir() if p.is_dir() else p.unlink()
+
+
 def record(cmd: list[str], opts: Options) -> int:
     """Run ``cmd`` under the recorder; return its exit code (the run folder is always written)."""
     if not cmd:
         raise UsageError("no command to record: gpuprof record [OPTIONS] -- CMD ARGS...")
-    run_dir = new_run_dir(opts.out).resolve()
-    (run_dir / "traces").mkdir()
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(BOOT), str(PACKAGE_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    resolve_command(cmd, env)  # before the folder exists: a command that cannot start leaves nothing
+    run_dir, created = new_run_dir(opts.out)
+    run_dir = run_dir.resolve()
+    env["PYTHONPATH"] = os.pathsep.join([str(BOOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.update(GPUPROF_RUN_DIR=str(run_dir), GPUPROF_RECORD_SHAPES="1" if opts.record_shapes else "0",
                GPUPROF_WITH_STACK="1" if opts.with_stack else "0",
                GPUPROF_SCHEDULE=",".join(str(x) for x in (opts.skip, opts.timed, opts.wait, opts.warmup,
@@ -115,20 +192,37 @@ def record(cmd: list[str], opts: Options) -> int:
         except Exception as e:
             nvml_info["error"] = f"NVML unavailable ({e.__class__.__name__}: {e}); recorded without GPU samples"
             print(f"gpuprof: {nvml_info['error']}", file=sys.stderr)
-    code, sig = _run(cmd, env, base)
-    base["end_ns"] = time.time_ns()
-    if sampler is not None:
-        sampler.stop()
-        steady = (round(100 * sampler.steady_cpu_seconds / sampler.steady_seconds, 3)
-                  if sampler.steady_seconds > 0 else None)
-        nvml_info.update(samples=sampler.samples, unavailable=sampler.off, read_periods_s=sampler.periods_s,
-                         sampler_cpu_pct_after_first_second=steady,
-                         read_cost_us={g: round(v, 1) for g, v in sampler.group_us.items()},
-                         sampler_cpu_pct_of_one_core=round(100 * sampler.cpu_seconds /
-                                                           max((base["end_ns"] - base["start_ns"]) / 1e9, 1e-9), 3))
-    base.update(exit_code=code, signal=sig, nvml=nvml_info)
-    doc = manifest.build(run_dir, base, manifest.collect_ranks(run_dir))
-    manifest.write_json_atomic(run_dir / "manifest.json", doc)
+    group = _Group(opts.kill_after)
+    try:
+        try:
+            code, sig = group.run(cmd, env)
+        except OSError as e:  # it passed resolve_command, yet exec failed (a script without #!, a race)
+            if sampler is not None:
+                sampler.stop()
+            _remove_unused(run_dir, created)
+            raise CommandError(f"could not start ({e.strerror})", cmd[0],
+                               exit_code=127 if isinstance(e, FileNotFoundError) else 126) from None
+        base["end_ns"] = time.time_ns()
+        base["failures"].extend(group.notes)
+        if sampler is not None:
+            sampler.stop()
+            steady = (round(100 * sampler.steady_cpu_seconds / sampler.steady_seconds, 3)
+                      if sampler.steady_seconds > 0 else None)
+            nvml_info.update(samples=sampler.samples, unavailable=sampler.off, read_periods_s=sampler.periods_s,
+                             sampler_cpu_pct_after_first_second=steady,
+                             read_cost_us={g: round(v, 1) for g, v in sampler.group_us.items()},
+                             sampler_cpu_pct_of_one_core=round(100 * sampler.cpu_seconds /
+                                                               max((base["end_ns"] - base["start_ns"]) / 1e9, 1e-9), 3))
+        base.update(exit_code=code, signal=sig, nvml=nvml_info)
+        doc = manifest.build(run_dir, base, manifest.collect_ranks(run_dir), manifest.collect_idle(run_dir))
+        try:
+            manifest.write_json_atomic(run_dir / "manifest.json", doc)
+        except OSError as e:
+            print(f"gpuprof: error: {run_dir / 'manifest.json'}: cannot write the manifest ({e.strerror})",
+                  file=sys.stderr)
+            return code or 3
+    finally:
+        group.restore()
     print(f"gpuprof: run folder {run_dir} ({len(doc['traces'])} trace(s)); report: gpuprof report {run_dir}",
           file=sys.stderr)
     for f in doc["failures"]:
@@ -136,27 +230,111 @@ def record(cmd: list[str], opts: Options) -> int:
     return code
 
 
-def _run(cmd: list[str], env: dict[str, str], base: dict[str, Any]) -> tuple[int, int | None]:
+def _become_subreaper() -> bool:
+    """Ask Linux to give gpuprof the program's orphaned processes (so they can be waited for)."""
+    if not sys.platform.startswith("linux"):
+        return False
     try:
-        # Its own process group: a terminal Ctrl-C reaches only us, and we pass it on exactly once.
-        child = subprocess.Popen(cmd, env=env, preexec_fn=os.setpgrp)  # noqa: PLW1509
-    except OSError as e:
-        base["failures"].append(f"could not start {cmd[0]!r}: {e.strerror}")
-        print(f"gpuprof: error: could not start {cmd[0]!r}: {e.strerror}", file=sys.stderr)
-        return 127, None
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(36, 1, 0, 0, 0) == 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
 
-    def forward(signum: int, frame: Any) -> None:
-        try:
-            child.send_signal(signum)
-        except ProcessLookupError:
-            pass
 
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        rc = child.wait()
-    finally:
-        for s, h in old.items():
+def _children() -> list[int]:
+    """Live processes whose parent is gpuprof (the program's orphans, once it is the subreaper)."""
+    me, out = os.getpid(), []
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{me}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{me}/task/{tid}/children") as f:
+                out += [int(x) for x in f.read().split()]
+        return sorted(set(out))
+    return out
+
+
+class _Group:
+    """The program's process group: started, signalled as a whole, and waited for to the last process."""
+
+    def __init__(self, kill_after: float) -> None:
+        self.kill_after = kill_after
+        self.pgid: int | None = None
+        self.signalled_at: float | None = None
+        self.notes: list[str] = []
+        self.old: dict[int, Any] = {}
+        self.pending: list[int] = []
+        self.subreaper = _become_subreaper()
+
+    def _send(self, signum: int) -> None:
+        if self.pgid is None:
+            self.pending.append(signum)  # arrived while the program was being started
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pgid, signum)
+        for pid in _children():  # orphans that left the group (their own session, as torchrun's workers)
+            with contextlib.suppress(OSError):
+                if os.getpgid(pid) != self.pgid:
+                    os.kill(pid, signum)
+
+    def forward(self, signum: int, frame: Any) -> None:
+        if self.signalled_at is None:
+            self.signalled_at = time.monotonic()
+        self._send(signum)
+
+    def restore(self) -> None:
+        for s, h in self.old.items():
             signal.signal(s, h)
-    if rc < 0:
-        return 128 - rc, -rc
-    return rc, None
+        self.old = {}
+
+    def run(self, cmd: list[str], env: dict[str, str]) -> tuple[int, int | None]:
+        # Handlers first: a signal that arrives while the program starts is passed on, not lost.
+        self.old = {s: signal.signal(s, self.forward) for s in FORWARDED}
+        if sys.version_info >= (3, 11):
+            child = subprocess.Popen(cmd, env=env, process_group=0)
+        else:  # pragma: no cover - Python 3.10
+            child = subprocess.Popen(cmd, env=env, preexec_fn=os.setpgrp)  # noqa: PLW1509
+        self.pgid = child.pid
+        for s in self.pending:
+            self._send(s)
+        rc = child.wait()
+        self._wait_rest(cmd[0], child.pid)
+        if rc < 0:
+            return 128 - rc, -rc
+        return rc, None
+
+    def _alive(self) -> bool:
+        """Reap finished orphans; whether any process of the group, or orphan of the program, lives."""
+        if self.subreaper:
+            while True:
+                try:
+                    pid, _ = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    return False  # no child left at all: the whole tree has ended
+                if pid == 0:
+                    return True
+        try:
+            os.killpg(self.pgid or 0, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+
+    def _wait_rest(self, name: str, pid: int) -> None:
+        ended = time.monotonic()
+        told = killed = False
+        while self._alive():
+            now = time.monotonic()
+            if not told and now - ended > 1.0:
+                left = _children() or ["?"]
+                print(f"gpuprof: {name} (pid {pid}) ended; waiting for the {len(left)} process(es) it left running "
+                      f"(pid {', '.join(map(str, left[:8]))}) before writing the manifest; Ctrl-C stops them",
+                      file=sys.stderr)
+                told = True
+            if (not killed and self.signalled_at is not None
+                    and now - max(ended, self.signalled_at) > self.kill_after):
+                left = _children()
+                self._send(signal.SIGKILL)
+                self.notes.append(f"killed the program's processes still running {self.kill_after:g} s after it was "
+                                  f"signalled (pid {', '.join(map(str, left[:8])) or 'group ' + str(self.pgid)})")
+                killed = True
+            time.sleep(0.05)

@@ -2,20 +2,26 @@
 
 Schema (``schema_version`` 1): command, cwd, start_ns/end_ns (Unix ns), exit_code, signal, host,
 gpus [{index, name, uuid, driver}], torch, cuda, world_size, profiler {schedule, record_shapes,
-with_stack, skip_steps, timed_steps}, traces [{rank, path}], unprofiled_step_ms (mean over ranks
-of the step time measured outside the profiled window), ranks [per-rank records], nvml {path, hz,
+with_stack, skip_steps, timed_steps}, traces [{rank (absent when the process had none), pid, path}],
+unprofiled_step_ms (mean over ranks of the step time measured outside the profiled window),
+unprofiled_timing {method: "cuda_events" (the GPU timeline, one CUDA event at each end of the
+timed window) | "host_clock" (programs that do not use CUDA) | null (not timed), why, ranks},
+ranks [per-rank records, one per process that stepped, each named by its ``name``],
+processes_without_steps [{pid, program}] (only when no process stepped), nvml {path, hz,
 samples, metrics, unavailable}, failures [str].
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 1
-RANK_FILE = "rank{rank}.meta.json"
+META_GLOB = "*.meta.json"  # one per process that stepped: rank{R}, pid{PID}, rank{R}.pid{PID} (hook._claim)
+PROCS_DIR = ".procs"  # notes from processes that imported torch but never stepped (read, then removed)
 
 
 def write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
@@ -30,38 +36,96 @@ def write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
 
 def collect_ranks(run_dir: Path) -> list[dict[str, Any]]:
     out = []
-    for p in sorted((run_dir / "traces").glob("rank*.meta.json")):
+    for p in sorted((run_dir / "traces").glob(META_GLOB)):
         try:
-            out.append(json.loads(p.read_text()))
+            rec = json.loads(p.read_text())
+            out.append(rec if isinstance(rec, dict) else {"meta_file": p.name, "error": "unreadable rank record"})
         except (OSError, ValueError):
             out.append({"meta_file": p.name, "error": "unreadable rank record"})
     return out
 
 
-def build(run_dir: Path, base: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str, Any]:
-    """The manifest from the parent's own facts and the ranks' records."""
+def collect_idle(run_dir: Path) -> list[dict[str, Any]]:
+    """Notes of the processes that imported torch without stepping; the folder is then removed
+    (it holds only these notes, which the launcher asked the processes to write)."""
+    d = run_dir / PROCS_DIR
+    out = []
+    for p in sorted(d.glob("pid*.json")) if d.is_dir() else []:
+        try:
+            rec = json.loads(p.read_text())
+            if isinstance(rec, dict):
+                out.append(rec)
+            p.unlink()
+        except (OSError, ValueError):
+            pass
+    with contextlib.suppress(OSError):
+        d.rmdir()
+    return out
+
+
+def _who(r: dict[str, Any]) -> str:
+    return f"rank {r['rank']}" if isinstance(r.get("rank"), int) else f"pid {r.get('pid')}"
+
+
+def _no_steps(idle: list[dict[str, Any]]) -> str:
+    if not idle:
+        return ("no process of the program imported torch, so there was nothing to profile (a program that "
+                "resets PYTHONPATH, or runs python with -I or -E, does not load gpuprof's bootstrap)")
+    procs = ", ".join(f"{p.get('program') or '?'} (pid {p.get('pid')})" for p in idle[:4])
+    procs += f" and {len(idle) - 4} more" if len(idle) > 4 else ""
+    own = next((p["own_profiler"]["what"] for p in idle if isinstance(p.get("own_profiler"), dict)), None)
+    if own:
+        return (f"torch was imported by {procs}, which ran its own profiler ({own}) and never stepped an "
+                f"optimizer; gpuprof stood aside")
+    return (f"torch was imported by {procs}, but no step was seen: the program never called step() on a "
+            f"torch.optim optimizer. In a loop without one, call gpuprof.step() at the end of each step "
+            f"(import gpuprof; it does nothing outside gpuprof record)")
+
+
+def build(run_dir: Path, base: dict[str, Any], ranks: list[dict[str, Any]],
+          idle: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The manifest from the parent's own facts, the ranks' records and the idle processes' notes."""
     traces = []
     failures = list(base.get("failures", []))
+    stood_aside = []
     for r in ranks:
-        failures.extend(f"rank {r.get('rank')}: {e}" for e in r.get("failures", []))
-        t = r.get("trace")
+        failures.extend(f"{_who(r)}: {e}" for e in r.get("failures", []))
+        own = r.get("own_profiler")
+        if r.get("status") == "stood_aside" and isinstance(own, dict):
+            stood_aside.append(r)
+            failures.append(f"{_who(r)}: the program ran its own profiler ({own.get('what')}, entered at step "
+                            f"{own.get('at_step')}); gpuprof stood aside so that it works as without gpuprof: "
+                            f"no gpuprof trace from this process (report the program's own trace instead)")
+        t = r.get("trace")  # the first cycle's (later cycles are listed in the rank's record)
         if t and (run_dir / t).is_file():
-            traces.append({"rank": r.get("rank", 0), "path": t})
+            entry = {"rank": r["rank"]} if isinstance(r.get("rank"), int) else {}
+            traces.append({**entry, "pid": r.get("pid"), "path": t})
         elif t:
-            failures.append(f"rank {r.get('rank')}: trace {t} missing")
+            failures.append(f"{_who(r)}: trace {t} missing")
     timed = [r["unprofiled_step_ms"] for r in ranks if isinstance(r.get("unprofiled_step_ms"), (int, float))]
+    methods = sorted({str((r.get("unprofiled_timing") or {}).get("method")) for r in ranks
+                      if isinstance(r.get("unprofiled_step_ms"), (int, float))})
+    why = next(((r.get("unprofiled_timing") or {}).get("why") for r in ranks
+                if (r.get("unprofiled_timing") or {}).get("why")), None)
     first = next((r for r in ranks if r.get("torch")), {})
     if not ranks:
-        failures.append("no process reported in: torch was never imported, or the program ended first")
-    elif not traces:
+        failures.append(_no_steps(idle or []))
+    elif not traces and len(stood_aside) < len(ranks):
         failures.append("no trace written (see the rank notes above)")
-    return {
+    doc = {
         "schema_version": SCHEMA_VERSION,
         **{k: v for k, v in base.items() if k != "failures"},
         "torch": first.get("torch"), "cuda": first.get("cuda"),
         "world_size": max([r.get("world_size", 1) for r in ranks] or [1]),
-        "traces": sorted(traces, key=lambda t: t["rank"]),
+        # by rank, a rank's first claimant first; processes without a rank after, by pid
+        "traces": sorted(traces, key=lambda t: ("rank" not in t, t.get("rank", 0), ".pid" in t["path"],
+                                                t.get("pid") or 0, t["path"])),
         "unprofiled_step_ms": sum(timed) / len(timed) if timed else None,
+        "unprofiled_timing": {"method": methods[0] if len(methods) == 1 else (methods or None), "why": why,
+                              "ranks": len(timed)},
         "ranks": ranks,
         "failures": failures,
     }
+    if not ranks:
+        doc["processes_without_steps"] = [{"pid": p.get("pid"), "program": p.get("program")} for p in idle or []]
+    return doc

@@ -1,9 +1,13 @@
 """gpuprof's bootstrap: loaded by every Python process of a ``gpuprof record`` run (via PYTHONPATH).
 
-It does two things and nothing else: runs the ``sitecustomize`` this one shadows, if any, and
-arranges for :func:`gpuprof.record.hook.install` to run right after ``torch`` is imported, so a
-process that never imports torch (a shell script's helpers, the launcher) is left alone. Any
-failure here is printed once and the program runs unprofiled.
+It does three things and nothing else: runs the ``sitecustomize`` this one shadows, if any;
+makes the ``gpuprof`` package importable where this interpreter does not find it (the program's
+own Python, without gpuprof installed), by mapping that one name to the package this file belongs
+to, so nothing else beside the package (a checkout's ``reports/``, ``tests/``, ``benchmarks/``)
+can shadow the program's own modules; and arranges for :func:`gpuprof.record.hook.install` to run
+right after ``torch`` is imported, so a process that never imports torch (a shell script's
+helpers, the launcher) is left alone. Any failure here is printed once and the program runs
+unprofiled.
 """
 
 import importlib.abc
@@ -27,6 +31,29 @@ def _chain_sitecustomize() -> None:
             spec.loader.exec_module(mod)
     finally:
         sys.path[:] = saved
+
+
+class _OnlyGpuprof(importlib.abc.MetaPathFinder):
+    """Finds the top-level ``gpuprof`` package (and nothing else) at ``pkg``; its submodules are
+    then found through the package's own ``__path__``."""
+
+    def __init__(self, pkg: str) -> None:
+        self.pkg = pkg
+
+    def find_spec(self, name: str, path: "Sequence[str] | None" = None,
+                  target: "types.ModuleType | None" = None) -> "importlib.machinery.ModuleSpec | None":
+        if name != "gpuprof":
+            return None
+        return importlib.util.spec_from_file_location(name, os.path.join(self.pkg, "__init__.py"),
+                                                      submodule_search_locations=[self.pkg])
+
+
+def _ensure_gpuprof() -> None:
+    if importlib.util.find_spec("gpuprof") is not None:
+        return
+    pkg = os.path.dirname(os.path.dirname(_HERE))  # .../gpuprof/record/_boot -> .../gpuprof
+    if os.path.isfile(os.path.join(pkg, "__init__.py")):
+        sys.meta_path.append(_OnlyGpuprof(pkg))
 
 
 class _AfterTorch(importlib.abc.MetaPathFinder):
@@ -58,6 +85,10 @@ try:
 except Exception as e:
     print(f"gpuprof: the program's own sitecustomize failed: {e}", file=sys.stderr)
 if os.environ.get("GPUPROF_RUN_DIR"):
+    try:
+        _ensure_gpuprof()
+    except Exception as e:
+        print(f"gpuprof: cannot make gpuprof importable: {e}", file=sys.stderr)
     if "torch" in sys.modules:  # the chained sitecustomize imported it already
         try:
             from gpuprof.record.hook import install
