@@ -113,18 +113,19 @@ class Recorder:
         try:
             import torch
 
+            cuda: Any = torch.cuda  # partly untyped
             if start:
-                if not torch.cuda.is_initialized():  # never create a CUDA context the program did not
+                if not cuda.is_initialized():  # never create a CUDA context the program did not
                     self.timing = {"method": "host_clock", "why": "the program does not use CUDA"}
                     return
-                if torch.cuda.is_current_stream_capturing():
+                if cuda.is_current_stream_capturing():
                     self.timing = {"method": "host_clock", "why": "the steps run inside CUDA graph capture"}
                     return
             elif not self.events:
                 return
-            dev = self.device if self.device is not None else torch.device("cuda", torch.cuda.current_device())
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record(torch.cuda.current_stream(dev))
+            dev = self.device if self.device is not None else torch.device("cuda", cuda.current_device())
+            ev = cuda.Event(enable_timing=True)
+            ev.record(cuda.current_stream(dev))
             self.events.append(ev)
             self.timing = {"method": "cuda_events", "device": str(dev)}
         except Exception as e:
@@ -299,9 +300,10 @@ class Recorder:
         try:
             import torch
 
+            cuda: Any = torch.cuda
             versions = {"torch": torch.__version__, "cuda": torch.version.cuda,
-                        "gpu": torch.cuda.get_device_name() if torch.cuda.is_initialized() else None,
-                        "cuda_device": torch.cuda.current_device() if torch.cuda.is_initialized() else None,
+                        "gpu": cuda.get_device_name() if cuda.is_initialized() else None,
+                        "cuda_device": cuda.current_device() if cuda.is_initialized() else None,
                         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
         except Exception:
             versions = {}

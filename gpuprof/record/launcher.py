@@ -325,16 +325,16 @@ class _Group:
         while self._alive():
             now = time.monotonic()
             if not told and now - ended > 1.0:
-                left = _children() or ["?"]
+                left = [str(p) for p in _children()] or ["?"]
                 print(f"gpuprof: {name} (pid {pid}) ended; waiting for the {len(left)} process(es) it left running "
-                      f"(pid {', '.join(map(str, left[:8]))}) before writing the manifest; Ctrl-C stops them",
+                      f"(pid {', '.join(left[:8])}) before writing the manifest; Ctrl-C stops them",
                       file=sys.stderr)
                 told = True
             if (not killed and self.signalled_at is not None
                     and now - max(ended, self.signalled_at) > self.kill_after):
-                left = _children()
+                pids = ", ".join(str(p) for p in _children()[:8]) or f"group {self.pgid}"
                 self._send(signal.SIGKILL)
                 self.notes.append(f"killed the program's processes still running {self.kill_after:g} s after it was "
-                                  f"signalled (pid {', '.join(map(str, left[:8])) or 'group ' + str(self.pgid)})")
+                                  f"signalled (pid {pids})")
                 killed = True
             time.sleep(0.05)
