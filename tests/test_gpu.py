@@ -36,6 +36,8 @@ def test_record_a_gpu_program_with_nvml(tmp_path: Path) -> None:
     if "gpm" not in m["nvml"]["unavailable"]:
         assert n["gpm_sm_util_pct_mean"] is not None
     assert doc["kernels"] and doc["summary"]["mfu_pct"] > 0
+    busy = doc["summary"]["step_time_ms"] * doc["summary"]["gpu_busy_pct"] / 100.0
+    assert m["unprofiled_step_ms"] >= 0.97 * busy, (m["unprofiled_step_ms"], busy)  # #11: includes the GPU's work
     print(json.dumps({"nvml": n, "unavailable": m["nvml"]["unavailable"],
                       "sampler_cpu_pct_of_one_core": m["nvml"]["sampler_cpu_pct_of_one_core"]}, indent=1))
 
