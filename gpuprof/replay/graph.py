@@ -1,0 +1,323 @@
+"""The dependency graph of one job's traces, as flat arrays (the replay's data model).
+
+Two kinds of node, each with a start and an end:
+
+* **host calls** (``h_*``, one per CUDA runtime/driver call, every rank): one chain per rank in
+  start order, whatever the thread. A call starts ``h_gap`` after the previous call of its rank
+  ended (the host work between them: Python, the dispatcher, the profiler's own cost) and lasts
+  ``h_dur``. A call that waits for the GPU (stream/device/event synchronise, a blocking copy,
+  ``.item()``) ends no earlier than ``h_tail`` after the GPU work it waited for (``h_wait``) ends.
+  Threads share one chain because PyTorch's threads hand work to each other (the main thread
+  waits in ``backward()`` while the autograd thread launches): a delay on one delays what follows
+  on the rank. Overlapping calls of two threads get a negative gap, which replays them as traced.
+* **GPU activities** (``a_*``: kernels, copies, memsets): one chain per (rank, stream) in start
+  order. An activity starts at the latest of: its launch call's start + ``a_lat``, its stream
+  predecessor's end + ``a_sgap``, and the end of ``a_dep`` + ``a_depw``, an activity of another
+  stream it waited on (inferred: an activity that started later than its launch and its stream
+  allow waited on the latest-ending activity of another stream before it, the effect of
+  ``cudaStreamWaitEvent``). It lasts ``a_dur``. A CUDA-graph launch is one host call holding all
+  its kernels: they share that call as their launch.
+* **collectives** (NCCL/RCCL kernels) matched across ranks by process group and sequence number
+  (``a_coll``): each ends ``a_dur`` (its transfer time, measured on the last rank to arrive)
+  after the last rank's kernel started.
+
+Edge weights are measured. The edge that held a node up in the trace (its latest constraint) gets
+exactly the measured difference; the others get the rank's typical value (the median launch
+latency when the stream was idle, the median gap between back-to-back kernels), never more than
+the measured difference. Replaying the unchanged graph therefore gives back the traced times;
+a transformation moves a node only as far as its other constraints allow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from gpuprof.trace.model import RankTrace
+
+#: Runtime/driver calls that block the host until GPU work finishes.
+SYNC_NAMES = frozenset({
+    "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy", "cudaMemcpy2D",
+    "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2", "cuMemcpyDtoH",
+    "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize", "hipMemcpy",
+})
+#: Calls that launch a copy and may return only once it is done (pageable memory, DtoH to host).
+COPY_NAMES = frozenset({"cudaMemcpyAsync", "cudaMemcpy", "cudaMemcpy2DAsync", "hipMemcpyAsync", "hipMemcpy",
+                        "cuMemcpyAsync", "cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2"})
+KINDS = ("kernel", "memcpy")
+
+
+@dataclass(frozen=True)
+class Graph:
+    """One job's dependency graph; arrays, never mutated (transformations return a new Graph).
+
+    Host arrays are sorted by (rank, start); activity arrays by (rank, stream, start), so each
+    chain is a contiguous run. Times are µs on a clock shared by the ranks (each rank's ``t0``
+    aligned by ``t0_epoch_ns``); ``*_ts``/``*_end`` are the traced times, the rest are weights.
+    """
+
+    ranks: tuple[int, ...]
+    rank_offset_us: np.ndarray  # per rank: add to the rank's trace times to get the shared clock
+    # host calls
+    h_rank: np.ndarray  # index into ``ranks``
+    h_row: np.ndarray  # row of the rank's ``runtime`` frame
+    h_name: np.ndarray  # call name (object)
+    h_ts: np.ndarray
+    h_end: np.ndarray
+    h_first: np.ndarray  # bool: first call of its rank (its start is fixed at the traced time)
+    h_gap: np.ndarray  # µs from the previous call's end to this call's start
+    h_dur: np.ndarray  # µs the call takes on the host when it does not wait
+    h_wait: np.ndarray  # activity it waits for, -1
+    h_tail: np.ndarray  # µs from that activity's end to the call's return
+    h_events: np.ndarray  # recorded host events (ops, this call) in the gap before it, for deflation
+    # GPU activities
+    a_rank: np.ndarray
+    a_kind: np.ndarray  # 0 kernel, 1 memcpy/memset (index into KINDS)
+    a_row: np.ndarray  # row of the rank's kernels or memcpys frame
+    a_stream: np.ndarray
+    a_ts: np.ndarray
+    a_end: np.ndarray
+    a_first: np.ndarray  # bool: first activity of its stream
+    a_launch: np.ndarray  # host call that launched it, -1
+    a_lat: np.ndarray
+    a_sgap: np.ndarray
+    a_dep: np.ndarray  # activity of another stream it waited on, -1
+    a_depw: np.ndarray
+    a_dur: np.ndarray  # µs it runs (a collective: its transfer time after the last rank arrived)
+    a_coll: np.ndarray  # matched collective id across ranks, -1
+    a_step: np.ndarray  # index of the rank's step (row of ``steps``), -1
+    # steps, per rank and step
+    s_rank: np.ndarray
+    s_cpu_start: np.ndarray  # the step's CPU start, shared clock
+    s_anchor: np.ndarray  # the first host call at or after it (moves it), -1
+
+    @property
+    def n_host(self) -> int:
+        return len(self.h_ts)
+
+    @property
+    def n_acts(self) -> int:
+        return len(self.a_ts)
+
+
+def _activities(t: RankTrace, rank_i: int, offset: float) -> pd.DataFrame:
+    cols = ["ts", "end", "stream", "correlation", "step"]
+    k = t.kernels[cols].assign(kind=0, row=np.arange(len(t.kernels)), is_comm=t.kernels["is_comm"].to_numpy(),
+                               pg=t.kernels["process_group"].astype(str).to_numpy()
+                               if "process_group" in t.kernels else "",
+                               cname=t.kernels["name"].astype(str).to_numpy())
+    m = t.memcpys[cols].assign(kind=1, row=np.arange(len(t.memcpys)), is_comm=False, pg="", cname="")
+    a = pd.concat([k, m], ignore_index=True)
+    a["ts"] = a["ts"] + offset
+    a["end"] = a["end"] + offset
+    a["rank_i"] = rank_i
+    return a
+
+
+def _host(t: RankTrace, rank_i: int, offset: float) -> pd.DataFrame:
+    rt = t.runtime
+    h = pd.DataFrame({"ts": rt["ts"].to_numpy() + offset, "end": rt["end"].to_numpy() + offset,
+                      "name": rt["name"].astype(str).to_numpy(), "correlation": rt["correlation"].to_numpy(),
+                      "row": np.arange(len(rt)), "rank_i": rank_i})
+    h = h.sort_values(["ts", "end"], kind="stable").reset_index(drop=True)
+    # Recorded ops starting in the gap before each call (and the call itself): the profiler's cost.
+    op_ts = np.sort(t.ops["ts"].to_numpy() + offset)
+    prev_end = np.r_[-np.inf, h["end"].to_numpy()[:-1]]
+    h["events"] = (np.searchsorted(op_ts, h["ts"].to_numpy(), side="left")
+                   - np.searchsorted(op_ts, prev_end, side="left") + 1).clip(min=1)
+    return h
+
+
+def _median_or(x: np.ndarray, fallback: float) -> float:
+    x = x[np.isfinite(x)]
+    return float(np.median(x)) if len(x) else fallback
+
+
+def build(traces: Sequence[RankTrace]) -> Graph:
+    """The dependency graph of one job from its ranks' traces (one trace: a one-rank job)."""
+    ranks = tuple(t.meta.rank for t in traces)
+    t0 = np.array([t.meta.t0_epoch_ns for t in traces], dtype=np.int64)
+    offset = ((t0 - t0.min()) / 1000.0).astype(float) if len(t0) else np.zeros(0)
+    hosts = [_host(t, i, float(offset[i])) for i, t in enumerate(traces)]
+    acts = [_activities(t, i, float(offset[i])) for i, t in enumerate(traces)]
+    h = pd.concat(hosts, ignore_index=True).sort_values(["rank_i", "ts", "end"], kind="stable").reset_index(drop=True)
+    a = pd.concat(acts, ignore_index=True)
+    a = a.sort_values(["rank_i", "stream", "ts", "end"], kind="stable").reset_index(drop=True)
+
+    # launch call of each activity: the host call of its rank with the same correlation id
+    hk = h["rank_i"].to_numpy().astype(np.int64) * (1 << 40) + h["correlation"].to_numpy().astype(np.int64)
+    ak = a["rank_i"].to_numpy().astype(np.int64) * (1 << 40) + a["correlation"].to_numpy().astype(np.int64)
+    order = np.argsort(hk, kind="stable")
+    pos = np.clip(np.searchsorted(hk[order], ak), 0, max(len(hk) - 1, 0))
+    hit = (len(hk) > 0) & (a["correlation"].to_numpy() >= 0)
+    if len(hk):
+        hit = hit & (hk[order][pos] == ak)
+    launch = np.where(hit, order[pos] if len(hk) else -1, -1)
+
+    h_first, h_gap = _host_chain(h)
+    h_wait, h_tail, h_dur = _waits(h, a, launch)
+    a_first, lat, sgap, dep, depw = _gpu_edges(a, h, launch)
+    coll, dur = _collectives(a)
+    s_rank, s_cpu, s_anchor = _steps(traces, offset, h)
+    return Graph(
+        ranks=ranks, rank_offset_us=offset,
+        h_rank=h["rank_i"].to_numpy(), h_row=h["row"].to_numpy(), h_name=h["name"].to_numpy(dtype=object),
+        h_ts=h["ts"].to_numpy(), h_end=h["end"].to_numpy(), h_first=h_first, h_gap=h_gap, h_dur=h_dur,
+        h_wait=h_wait, h_tail=h_tail, h_events=h["events"].to_numpy(),
+        a_rank=a["rank_i"].to_numpy(), a_kind=a["kind"].to_numpy(), a_row=a["row"].to_numpy(),
+        a_stream=a["stream"].to_numpy(), a_ts=a["ts"].to_numpy(), a_end=a["end"].to_numpy(), a_first=a_first,
+        a_launch=launch, a_lat=lat, a_sgap=sgap, a_dep=dep, a_depw=depw, a_dur=dur, a_coll=coll,
+        a_step=a["step"].to_numpy(), s_rank=s_rank, s_cpu_start=s_cpu, s_anchor=s_anchor)
+
+
+def _host_chain(h: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    r = h["rank_i"].to_numpy()
+    first = np.r_[True, r[1:] != r[:-1]] if len(r) else np.zeros(0, dtype=bool)
+    gap = h["ts"].to_numpy() - np.r_[np.nan, h["end"].to_numpy()[:-1]]
+    return first, np.where(first, 0.0, gap)
+
+
+def _waits(h: pd.DataFrame, a: pd.DataFrame, launch: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each host call, the GPU activity it waited for (-1), the µs from its end to the call's
+    return, and the call's own duration when it does not wait.
+
+    A synchronising call waits for the latest-ending activity of its rank launched before it
+    started that ended while it ran; a copy call waits for its own copy when the call returned
+    only after the copy ended (pageable or device-to-host memory).
+    """
+    n = len(h)
+    wait = np.full(n, -1, dtype=np.int64)
+    ts, end, names = h["ts"].to_numpy(), h["end"].to_numpy(), h["name"].to_numpy()
+    dur = end - ts
+    a_end = a["end"].to_numpy()
+    # own copy: the call returned after its copy ended
+    own = np.flatnonzero(launch >= 0)
+    is_copy = np.isin(names[launch[own]], list(COPY_NAMES)) & (a["kind"].to_numpy()[own] == 1)
+    own = own[is_copy]
+    blocking = (a_end[own] > ts[launch[own]]) & (a_end[own] <= end[launch[own]])
+    wait[launch[own[blocking]]] = own[blocking]
+    # synchronising calls: the latest activity that ended while the call ran, launched before it
+    sync = np.flatnonzero(np.isin(names, list(SYNC_NAMES)) & (wait < 0))
+    launched = launch >= 0
+    if len(sync) and launched.any():
+        a_ids = np.flatnonzero(launched)
+        l_ts = ts[launch[a_ids]]
+        l_rank = h["rank_i"].to_numpy()[launch[a_ids]]
+        order = np.lexsort((a_end[a_ids], l_rank))  # per rank by end
+        a_ids, l_ts, l_rank = a_ids[order], l_ts[order], l_rank[order]
+        e_sorted = a_end[a_ids]
+        s_rank = h["rank_i"].to_numpy()[sync]
+        lo = np.searchsorted(l_rank, s_rank, side="left")
+        hi = np.searchsorted(l_rank, s_rank, side="right")
+        for r in np.unique(s_rank):  # ranks are few; the work per rank is vectorised
+            sel = s_rank == r
+            l0, h0 = int(lo[sel][0]), int(hi[sel][0])
+            ee, ll, ids = e_sorted[l0:h0], l_ts[l0:h0], a_ids[l0:h0]
+            # candidates ending by the call's return: take the latest one launched before it began
+            k = np.searchsorted(ee, end[sync[sel]], side="right") - 1
+            cand = np.maximum(k, 0)
+            # walk back over activities launched after the call began (rare: other threads)
+            bad = (k >= 0) & (ll[cand] > ts[sync[sel]])
+            for j in np.flatnonzero(bad):  # few: launches from another thread during the sync
+                kk = int(k[j])
+                while kk >= 0 and ll[kk] > ts[sync[sel][j]]:
+                    kk -= 1
+                k[j] = kk
+            cand = np.maximum(k, 0)
+            good = (k >= 0) & (ee[cand] > ts[sync[sel]])
+            wait[sync[sel][good]] = ids[cand[good]]
+    tail = np.where(wait >= 0, end - a_end[np.maximum(wait, 0)], 0.0)
+    # Own duration when not waiting: the median of the same call's non-waiting durations.
+    own_dur = dur.copy()
+    if (wait >= 0).any():
+        free = pd.Series(dur[wait < 0]).groupby(names[wait < 0]).median()
+        typical = pd.Series(names[wait >= 0]).map(free).to_numpy(dtype=float)
+        waited = dur[wait >= 0]
+        own_dur[wait >= 0] = np.fmin(np.where(np.isfinite(typical), typical, waited - tail[wait >= 0]), waited)
+    return wait, np.maximum(tail, 0.0), np.maximum(own_dur, 0.0)
+
+
+def _gpu_edges(a: pd.DataFrame, h: pd.DataFrame, launch: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    n = len(a)
+    ts, end = a["ts"].to_numpy(), a["end"].to_numpy()
+    rank_i, stream = a["rank_i"].to_numpy(), a["stream"].to_numpy()
+    first = np.r_[True, (rank_i[1:] != rank_i[:-1]) | (stream[1:] != stream[:-1])] if n else np.zeros(0, bool)
+    prev_end = np.where(first, np.nan, np.r_[np.nan, end[:-1]])
+    h_ts = h["ts"].to_numpy()
+    l_ts = np.where(launch >= 0, h_ts[np.maximum(launch, 0)] if len(h_ts) else np.nan, np.nan)
+    lat_meas = ts - l_ts
+    sgap_meas = ts - prev_end
+    lat = np.zeros(n)
+    sgap = np.zeros(n)
+    for r in np.unique(rank_i):  # typical weights per rank
+        m = rank_i == r
+        idle = m & (np.isnan(prev_end) | (prev_end <= l_ts))
+        lat_typ = _median_or(lat_meas[idle], _median_or(lat_meas[m], 0.0))
+        queued = m & (l_ts + lat_typ < prev_end)
+        sgap_typ = _median_or(sgap_meas[queued], 0.0)
+        lat[m] = lat_typ
+        sgap[m] = sgap_typ
+    lat = np.fmin(np.maximum(lat, 0.0), lat_meas)  # never more than measured
+    sgap = np.fmin(np.maximum(sgap, 0.0), sgap_meas)
+    bound = np.fmax(l_ts + lat, prev_end + sgap)  # NaN only with neither edge
+    dep = np.full(n, -1, dtype=np.int64)
+    depw = np.zeros(n)
+    # Waited on another stream: the latest-ending activity of another stream of the rank before it.
+    late = np.flatnonzero(np.isfinite(bound) & (ts > bound + 1.0) & (a["is_comm"].to_numpy() == False))  # noqa: E712
+    for r, s in {(int(rank_i[j]), int(stream[j])) for j in late}:  # (rank, stream) pairs are few
+        other = np.flatnonzero((rank_i == r) & (stream != s))
+        if not len(other):
+            continue
+        other = other[np.argsort(end[other], kind="stable")]
+        sel = late[(rank_i[late] == r) & (stream[late] == s)]
+        k = np.searchsorted(end[other], ts[sel], side="right") - 1
+        ok = (k >= 0) & (end[other[np.maximum(k, 0)]] > bound[sel])
+        dep[sel[ok]] = other[k[ok]]
+        depw[sel[ok]] = ts[sel[ok]] - end[other[k[ok]]]
+    # The edge that held the activity up gets the measured weight, so the trace replays as recorded.
+    held = (dep < 0) & np.isfinite(bound)
+    via_launch = held & (np.nan_to_num(l_ts + lat, nan=-np.inf) >= np.nan_to_num(prev_end + sgap, nan=-np.inf))
+    lat = np.where(via_launch, lat_meas, lat)
+    sgap = np.where(held & ~via_launch, sgap_meas, sgap)
+    return first, np.nan_to_num(lat), np.nan_to_num(sgap), dep, depw
+
+
+def _collectives(a: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Match each rank's n-th collective of a process group with the other ranks' n-th; a
+    collective ends its transfer time after the last rank's kernel started."""
+    dur = (a["end"] - a["ts"]).to_numpy().copy()
+    coll = np.full(len(a), -1, dtype=np.int64)
+    c = a[a["is_comm"].to_numpy().astype(bool)]
+    if c.empty or a["rank_i"].nunique() < 2:
+        return coll, dur
+    c = c.sort_values("ts", kind="stable")
+    group = c["pg"].where(c["pg"].isin(["", "nan", "None"]) == False, c["cname"])  # noqa: E712
+    seq = c.groupby([c["rank_i"], group]).cumcount()
+    key = pd.MultiIndex.from_arrays([group.to_numpy(), seq.to_numpy()])
+    ids, uniq = pd.factorize(key)
+    nranks = pd.Series(c["rank_i"].to_numpy()).groupby(ids).nunique().to_numpy()
+    matched = nranks[ids] > 1
+    idx = c.index.to_numpy()
+    last_arrival = pd.Series(c["ts"].to_numpy()).groupby(ids).transform("max").to_numpy()
+    coll[idx[matched]] = ids[matched]
+    dur[idx[matched]] = np.maximum(c["end"].to_numpy()[matched] - last_arrival[matched], 0.0)
+    return coll, dur
+
+
+def _steps(traces: Sequence[RankTrace], offset: np.ndarray, h: pd.DataFrame
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    s_rank, s_cpu, s_anchor = [], [], []
+    h_ts, h_rank = h["ts"].to_numpy(), h["rank_i"].to_numpy()
+    for i, t in enumerate(traces):
+        cpu = t.steps["cpu_start"].to_numpy(dtype=float) + float(offset[i])
+        lo, hi = np.searchsorted(h_rank, i, "left"), np.searchsorted(h_rank, i, "right")
+        k = np.searchsorted(h_ts[lo:hi], cpu, side="left")
+        s_rank.append(np.full(len(cpu), i))
+        s_cpu.append(cpu)
+        s_anchor.append(np.where(k < hi - lo, k + lo, -1))
+    cat = (lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt))
+    return cat(s_rank, np.int64), cat(s_cpu, float), cat(s_anchor, np.int64)

@@ -1,0 +1,114 @@
+"""Transformations of a :class:`~gpuprof.replay.graph.Graph` (Daydream's primitives).
+
+Each is a pure function ``(graph, ...) -> graph`` that changes weights, never the traced times, so
+any list of them composes and the replay prices them together. Selectors are boolean masks over
+the graph's host calls (``h_*``) or activities (``a_*``); :func:`kernels_of` and friends build
+them from rows of the trace model's frames.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from gpuprof.replay.graph import Graph
+
+
+def deflate(g: Graph, event_cost_us: float | np.ndarray) -> Graph:
+    """Take the profiler's cost out of the host: each recorded host event (an op, a runtime call)
+    cost ``event_cost_us`` (a scalar or one per rank), taken from the host time before the call
+    (the gap, then the call itself). A call's wait for the GPU is untouched."""
+    cost = np.asarray(event_cost_us, dtype=float)
+    c = cost[g.h_rank] if cost.ndim else np.full(g.n_host, float(cost))
+    owed = c * g.h_events
+    gap_pos = np.maximum(g.h_gap, 0.0)
+    from_gap = np.minimum(owed, gap_pos)
+    from_dur = np.minimum(owed - from_gap, g.h_dur)
+    return replace(g, h_gap=g.h_gap - from_gap, h_dur=g.h_dur - from_dur)
+
+
+def scale_activities(g: Graph, sel: np.ndarray, factor: float | np.ndarray) -> Graph:
+    """Selected kernels/copies run ``factor`` × as long (0.5: twice as fast)."""
+    return set_durations(g, sel, g.a_dur[sel] * np.asarray(factor, dtype=float))
+
+
+def set_durations(g: Graph, sel: np.ndarray, dur_us: float | np.ndarray) -> Graph:
+    """Selected kernels/copies run ``dur_us`` µs (e.g. their roofline time at a new precision)."""
+    d = g.a_dur.copy()
+    d[sel] = dur_us
+    return replace(g, a_dur=np.maximum(d, 0.0))
+
+
+def remove_activities(g: Graph, sel: np.ndarray, with_launch: bool = True) -> Graph:
+    """Selected kernels/copies vanish: no time on the GPU, no gap on their stream and, with
+    ``with_launch``, no host time for the calls that launched them (gap before and the call)."""
+    g = replace(g, a_dur=np.where(sel, 0.0, g.a_dur), a_sgap=np.where(sel, 0.0, g.a_sgap),
+                a_lat=np.where(sel, 0.0, g.a_lat))
+    if with_launch:
+        calls = np.zeros(g.n_host, dtype=bool)
+        calls[g.a_launch[sel & (g.a_launch >= 0)]] = True
+        g = shrink_host(g, calls, 0.0)
+    return g
+
+
+def fuse(g: Graph, groups: np.ndarray, dur_us: np.ndarray) -> Graph:
+    """Each group of activities (``groups[k]`` = group id, -1 not fused) becomes one kernel of
+    ``dur_us[group]`` µs: the group's first activity takes that time, the rest and their launches
+    vanish."""
+    sel = groups >= 0
+    ids = np.flatnonzero(sel)
+    _, first = np.unique(groups[ids], return_index=True)
+    keep = np.zeros(g.n_acts, dtype=bool)
+    keep[ids[first]] = True
+    g = remove_activities(g, sel & ~keep)
+    return set_durations(g, keep, np.asarray(dur_us, dtype=float)[groups[keep]])
+
+
+def shrink_host(g: Graph, calls: np.ndarray, factor: float | np.ndarray) -> Graph:
+    """The host time of the selected calls (the gap before each and the call) × ``factor``:
+    0 removes the Python work and the launch cost (CUDA graphs, moving work to a worker)."""
+    f = np.asarray(factor, dtype=float)
+    gap = np.where(calls & (g.h_gap > 0), g.h_gap * f, g.h_gap)
+    return replace(g, h_gap=gap, h_dur=np.where(calls, g.h_dur * f, g.h_dur))
+
+
+def set_host_cost(g: Graph, calls: np.ndarray, per_call_us: float) -> Graph:
+    """The selected calls cost ``per_call_us`` each with no host work between them (a CUDA
+    graph: one launch for many kernels)."""
+    gap = np.where(calls & (g.h_gap > 0), 0.0, g.h_gap)
+    return replace(g, h_gap=gap, h_dur=np.where(calls, per_call_us, g.h_dur))
+
+
+def drop_waits(g: Graph, calls: np.ndarray) -> Graph:
+    """The selected calls no longer wait for the GPU (a sync removed, a copy made asynchronous);
+    they cost what the same call costs when it does not wait."""
+    return replace(g, h_wait=np.where(calls, -1, g.h_wait))
+
+
+def rebalance_host(g: Graph, rank: int, factor: float) -> Graph:
+    """Rank ``rank``'s host work between calls × ``factor`` (a slow rank brought in line)."""
+    i = g.ranks.index(rank)
+    return shrink_host(g, g.h_rank == i, factor)
+
+
+# --- selectors from the trace model's rows -------------------------------------------------------
+def activities_of(g: Graph, rank: int, kind: str, rows: np.ndarray) -> np.ndarray:
+    """Mask of the activities that are rows ``rows`` of rank ``rank``'s kernels (``kind="kernel"``)
+    or memcpys (``"memcpy"``) frame."""
+    i = g.ranks.index(rank)
+    k = 0 if kind == "kernel" else 1
+    return (g.a_rank == i) & (g.a_kind == k) & np.isin(g.a_row, np.asarray(rows))
+
+
+def calls_of(g: Graph, rank: int, rows: np.ndarray) -> np.ndarray:
+    """Mask of the host calls that are rows ``rows`` of rank ``rank``'s runtime frame."""
+    i = g.ranks.index(rank)
+    return (g.h_rank == i) & np.isin(g.h_row, np.asarray(rows))
+
+
+def launches_of(g: Graph, acts: np.ndarray) -> np.ndarray:
+    """Mask of the host calls that launched the selected activities."""
+    out = np.zeros(g.n_host, dtype=bool)
+    out[g.a_launch[acts & (g.a_launch >= 0)]] = True
+    return out
