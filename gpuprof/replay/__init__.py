@@ -39,10 +39,21 @@ class Replayed:
     times: Times
     rank_step_ms: tuple[float, ...]
     steps_ms: tuple[tuple[float, ...], ...]
+    rank_period_ms: tuple[float, ...]
 
     @property
     def step_time_ms(self) -> float:
+        """Mean step time by the trace model's step windows (what ``summary.step_time_ms`` is)."""
         ok = [x for x in self.rank_step_ms if np.isfinite(x)]
+        return float(np.mean(ok)) if ok else float("nan")
+
+    @property
+    def period_ms(self) -> float:
+        """Steady-state step time: the mean time between consecutive step ends (the step time
+        itself with one step). What a fix is priced on: a step window's start moves with the
+        host, so with a faster host the first window can open earlier and read longer, while
+        the steps still finish no sooner; the period between ends has no such artefact."""
+        ok = [x for x in self.rank_period_ms if np.isfinite(x)]
         return float(np.mean(ok)) if ok else float("nan")
 
 
@@ -61,13 +72,16 @@ def run(g: Graph) -> Replayed:
     """Replay ``g`` and measure its steps."""
     t = simulate(g)
     start, end = step_windows(g, t)
-    per_rank, steps = [], []
+    per_rank, steps, period = [], [], []
     for i in range(len(g.ranks)):
         d = (end - start)[g.s_rank == i] / 1000.0
+        ends = end[g.s_rank == i]
+        ends = ends[np.isfinite(ends)]
         d = d[np.isfinite(d)]
         per_rank.append(float(d.mean()) if len(d) else float("nan"))
         steps.append(tuple(float(x) for x in d))
-    return Replayed(g, t, tuple(per_rank), tuple(steps))
+        period.append(float(np.diff(ends).mean()) / 1000.0 if len(ends) > 1 else per_rank[-1])
+    return Replayed(g, t, tuple(per_rank), tuple(steps), tuple(period))
 
 
 def replay(x: Source, transforms: Sequence[Transform] = (), event_cost_us: float = 0.0) -> Replayed:
@@ -81,8 +95,31 @@ def replay(x: Source, transforms: Sequence[Transform] = (), event_cost_us: float
     return run(g)
 
 
+def calibrate(g: Graph, real_step_ms: float, tol: float = 0.002, max_iter: int = 30) -> float:
+    """The profiler's cost per recorded host event (µs) that makes the replay of ``g`` take the
+    step time measured without the profiler (``real_step_ms``), found by bisection (the replayed
+    step time only falls as the cost grows). 0 when the traced replay is already no slower; the
+    largest meaningful cost (every host gap gone) when even that is slower than ``real_step_ms``:
+    then the GPU side alone is slower than the real step and no host deflation explains it."""
+    if not run(g).step_time_ms > real_step_ms * (1 + tol):
+        return 0.0
+    per_event = (np.maximum(g.h_gap, 0.0) + g.h_dur) / np.maximum(g.h_events, 1)
+    lo, hi = 0.0, float(per_event.max()) if len(per_event) else 0.0
+    if run(deflate(g, hi)).step_time_ms > real_step_ms:
+        return hi
+    for _ in range(max_iter):
+        mid = 0.5 * (lo + hi)
+        got = run(deflate(g, mid)).step_time_ms
+        if abs(got / real_step_ms - 1) <= tol:
+            return mid
+        lo, hi = (mid, hi) if got > real_step_ms else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
 @dataclass(frozen=True)
 class WhatIf:
+    """Steady-state step time (:attr:`Replayed.period_ms`) before and after a set of changes."""
+
     before_ms: float
     after_ms: float
 
@@ -97,8 +134,8 @@ def what_if(g: Graph, transforms: Sequence[Transform]) -> WhatIf:
     after = g
     for f in transforms:
         after = f(after)
-    return WhatIf(run(g).step_time_ms, run(after).step_time_ms)
+    return WhatIf(run(g).period_ms, run(after).period_ms)
 
 
-__all__ = ["Graph", "Replayed", "Times", "Transform", "WhatIf", "build", "deflate", "replay", "run", "simulate",
+__all__ = ["Graph", "Replayed", "Times", "Transform", "WhatIf", "build", "calibrate", "deflate", "replay", "run", "simulate",
            "traces_of", "what_if"]

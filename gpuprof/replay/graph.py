@@ -48,6 +48,14 @@ SYNC_NAMES = frozenset({
 COPY_NAMES = frozenset({"cudaMemcpyAsync", "cudaMemcpy", "cudaMemcpy2DAsync", "hipMemcpyAsync", "hipMemcpy",
                         "cuMemcpyAsync", "cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2"})
 KINDS = ("kernel", "memcpy")
+#: Clock slack (µs) allowed between ranks' traces when deciding that a collective synchronised.
+SYNC_SLACK_US = 1.0
+#: A call lasting this many times its name's median that saw GPU work finish was held by the GPU.
+BLOCKED_FACTOR = 10.0
+#: A rank whose pending launches reach this many has filled CUDA's launch queue (about a thousand
+#: entries: 1038-1041 pending when the host of ddp_slow_rank's waiting rank was held up).
+QUEUE_MIN = 512
+QUEUE_FULL = 0.9
 
 
 @dataclass(frozen=True)
@@ -73,6 +81,9 @@ class Graph:
     h_wait: np.ndarray  # activity it waits for, -1
     h_tail: np.ndarray  # µs from that activity's end to the call's return
     h_events: np.ndarray  # recorded host events (ops, this call) in the gap before it, for deflation
+    h_step: np.ndarray  # index of the rank's step (row of ``steps``), -1
+    h_bp: np.ndarray  # activity whose end frees this call's slot in a full launch queue, -1
+    h_bpw: np.ndarray  # µs from that end to the call's start
     # GPU activities
     a_rank: np.ndarray
     a_kind: np.ndarray  # 0 kernel, 1 memcpy/memset (index into KINDS)
@@ -109,7 +120,9 @@ def _activities(t: RankTrace, rank_i: int, offset: float) -> pd.DataFrame:
                                pg=t.kernels["process_group"].astype(str).to_numpy()
                                if "process_group" in t.kernels else "",
                                cname=t.kernels["name"].astype(str).to_numpy())
-    m = t.memcpys[cols].assign(kind=1, row=np.arange(len(t.memcpys)), is_comm=False, pg="", cname="")
+    pageable = ((t.memcpys["src"].astype(str) == "Pageable") | (t.memcpys["dst"].astype(str) == "Pageable")).to_numpy()
+    m = t.memcpys[cols].assign(kind=1, row=np.arange(len(t.memcpys)), is_comm=False, pg="", cname="",
+                               pageable=pageable)
     a = pd.concat([k, m], ignore_index=True)
     a["ts"] = a["ts"] + offset
     a["end"] = a["end"] + offset
@@ -121,7 +134,8 @@ def _host(t: RankTrace, rank_i: int, offset: float) -> pd.DataFrame:
     rt = t.runtime
     h = pd.DataFrame({"ts": rt["ts"].to_numpy() + offset, "end": rt["end"].to_numpy() + offset,
                       "name": rt["name"].astype(str).to_numpy(), "correlation": rt["correlation"].to_numpy(),
-                      "row": np.arange(len(rt)), "rank_i": rank_i})
+                      "row": np.arange(len(rt)), "rank_i": rank_i,
+                      "step": rt["step"].to_numpy()})
     h = h.sort_values(["ts", "end"], kind="stable").reset_index(drop=True)
     # Recorded ops starting in the gap before each call (and the call itself): the profiler's cost.
     op_ts = np.sort(t.ops["ts"].to_numpy() + offset)
@@ -159,6 +173,7 @@ def build(traces: Sequence[RankTrace]) -> Graph:
 
     h_first, h_gap = _host_chain(h)
     h_wait, h_tail, h_dur = _waits(h, a, launch)
+    h_bp, h_bpw, h_gap = _queue(h, a, launch, h_gap)
     a_first, lat, sgap, dep, depw = _gpu_edges(a, h, launch)
     coll, dur = _collectives(a)
     s_rank, s_cpu, s_anchor = _steps(traces, offset, h)
@@ -166,7 +181,7 @@ def build(traces: Sequence[RankTrace]) -> Graph:
         ranks=ranks, rank_offset_us=offset,
         h_rank=h["rank_i"].to_numpy(), h_row=h["row"].to_numpy(), h_name=h["name"].to_numpy(dtype=object),
         h_ts=h["ts"].to_numpy(), h_end=h["end"].to_numpy(), h_first=h_first, h_gap=h_gap, h_dur=h_dur,
-        h_wait=h_wait, h_tail=h_tail, h_events=h["events"].to_numpy(),
+        h_wait=h_wait, h_tail=h_tail, h_events=h["events"].to_numpy(), h_step=h["step"].to_numpy(), h_bp=h_bp, h_bpw=h_bpw,
         a_rank=a["rank_i"].to_numpy(), a_kind=a["kind"].to_numpy(), a_row=a["row"].to_numpy(),
         a_stream=a["stream"].to_numpy(), a_ts=a["ts"].to_numpy(), a_end=a["end"].to_numpy(), a_first=a_first,
         a_launch=launch, a_lat=lat, a_sgap=sgap, a_dep=dep, a_depw=depw, a_dur=dur, a_coll=coll,
@@ -186,7 +201,7 @@ def _waits(h: pd.DataFrame, a: pd.DataFrame, launch: np.ndarray) -> tuple[np.nda
 
     A synchronising call waits for the latest-ending activity of its rank launched before it
     started that ended while it ran; a copy call waits for its own copy when the call returned
-    only after the copy ended (pageable or device-to-host memory).
+    only after the copy ended, or when the copy is to or from pageable memory.
     """
     n = len(h)
     wait = np.full(n, -1, dtype=np.int64)
@@ -197,39 +212,22 @@ def _waits(h: pd.DataFrame, a: pd.DataFrame, launch: np.ndarray) -> tuple[np.nda
     own = np.flatnonzero(launch >= 0)
     is_copy = np.isin(names[launch[own]], list(COPY_NAMES)) & (a["kind"].to_numpy()[own] == 1)
     own = own[is_copy]
-    blocking = (a_end[own] > ts[launch[own]]) & (a_end[own] <= end[launch[own]])
+    # CUDA returns from a copy to or from pageable memory only once the last staged chunk is
+    # copied: the call waits for its copy even when it returns a few µs before the copy's end.
+    pageable = a["pageable"].to_numpy().astype(bool)[own]
+    blocking = (a_end[own] > ts[launch[own]]) & ((a_end[own] <= end[launch[own]]) | pageable)
     wait[launch[own[blocking]]] = own[blocking]
     # synchronising calls: the latest activity that ended while the call ran, launched before it
     sync = np.flatnonzero(np.isin(names, list(SYNC_NAMES)) & (wait < 0))
-    launched = launch >= 0
-    if len(sync) and launched.any():
-        a_ids = np.flatnonzero(launched)
-        l_ts = ts[launch[a_ids]]
-        l_rank = h["rank_i"].to_numpy()[launch[a_ids]]
-        order = np.lexsort((a_end[a_ids], l_rank))  # per rank by end
-        a_ids, l_ts, l_rank = a_ids[order], l_ts[order], l_rank[order]
-        e_sorted = a_end[a_ids]
-        s_rank = h["rank_i"].to_numpy()[sync]
-        lo = np.searchsorted(l_rank, s_rank, side="left")
-        hi = np.searchsorted(l_rank, s_rank, side="right")
-        for r in np.unique(s_rank):  # ranks are few; the work per rank is vectorised
-            sel = s_rank == r
-            l0, h0 = int(lo[sel][0]), int(hi[sel][0])
-            ee, ll, ids = e_sorted[l0:h0], l_ts[l0:h0], a_ids[l0:h0]
-            # candidates ending by the call's return: take the latest one launched before it began
-            k = np.searchsorted(ee, end[sync[sel]], side="right") - 1
-            cand = np.maximum(k, 0)
-            # walk back over activities launched after the call began (rare: other threads)
-            bad = (k >= 0) & (ll[cand] > ts[sync[sel]])
-            for j in np.flatnonzero(bad):  # few: launches from another thread during the sync
-                kk = int(k[j])
-                while kk >= 0 and ll[kk] > ts[sync[sel][j]]:
-                    kk -= 1
-                k[j] = kk
-            cand = np.maximum(k, 0)
-            good = (k >= 0) & (ee[cand] > ts[sync[sel]])
-            wait[sync[sel][good]] = ids[cand[good]]
-    tail = np.where(wait >= 0, end - a_end[np.maximum(wait, 0)], 0.0)
+    wait[sync] = _latest_done(h, a, launch, sync)
+    # A launch that blocks: the launch queue was full (the host ran far ahead of the GPU) and
+    # the call returned once the GPU finished something. Taken as such when the call lasted
+    # BLOCKED_FACTOR x its name's median and GPU work ended while it ran.
+    median = pd.Series(dur).groupby(names).transform("median").to_numpy()
+    slow = np.flatnonzero((wait < 0) & (dur >= BLOCKED_FACTOR * np.maximum(median, 1e-3))
+                          & ~np.isin(names, list(SYNC_NAMES)))
+    wait[slow] = _latest_done(h, a, launch, slow)
+    tail = np.where(wait >= 0, end - a_end[np.maximum(wait, 0)], 0.0)  # < 0: returned before its copy ended
     # Own duration when not waiting: the median of the same call's non-waiting durations.
     own_dur = dur.copy()
     if (wait >= 0).any():
@@ -237,7 +235,73 @@ def _waits(h: pd.DataFrame, a: pd.DataFrame, launch: np.ndarray) -> tuple[np.nda
         typical = pd.Series(names[wait >= 0]).map(free).to_numpy(dtype=float)
         waited = dur[wait >= 0]
         own_dur[wait >= 0] = np.fmin(np.where(np.isfinite(typical), typical, waited - tail[wait >= 0]), waited)
-    return wait, np.maximum(tail, 0.0), np.maximum(own_dur, 0.0)
+    return wait, tail, np.maximum(own_dur, 0.0)
+
+
+def _queue(h: pd.DataFrame, a: pd.DataFrame, launch: np.ndarray, gap: np.ndarray
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Launch-queue back-pressure. On a rank whose pending launches reached CUDA's queue depth
+    (``QUEUE_MIN`` or more), a host gap that began with the queue nearly full (at least
+    ``QUEUE_FULL`` of the most pending seen) and in which GPU work ended was the host waiting for
+    a free slot, not working: the host resumed after the last activity that ended in the gap.
+    That gap becomes the rank's median gap, and the wait an edge with its measured weight."""
+    n = len(h)
+    bp, bpw = np.full(n, -1, dtype=np.int64), np.zeros(n)
+    gap = gap.copy()
+    ts, end, rank = h["ts"].to_numpy(), h["end"].to_numpy(), h["rank_i"].to_numpy()
+    a_end = a["end"].to_numpy()
+    for r in np.unique(rank):  # ranks are few
+        calls = np.flatnonzero(rank == r)
+        acts = np.flatnonzero(a["rank_i"].to_numpy() == r)
+        l_sorted = np.sort(np.where(launch[acts] >= 0, ts[np.maximum(launch[acts], 0)], -np.inf))
+        by_end = acts[np.argsort(a_end[acts], kind="stable")]
+        e_sorted = a_end[by_end]
+        gap_start = np.r_[-np.inf, end[calls][:-1]]
+        pending = np.searchsorted(l_sorted, gap_start, "right") - np.searchsorted(e_sorted, gap_start, "right")
+        q = int(pending.max()) if len(calls) else 0
+        if q < QUEUE_MIN:
+            continue
+        k = np.searchsorted(e_sorted, ts[calls], side="right") - 1  # last activity ended by the call
+        ended_in_gap = (k >= 0) & (e_sorted[np.maximum(k, 0)] > gap_start)
+        held = ended_in_gap & (pending >= QUEUE_FULL * q) & (gap[calls] > 0)
+        c = calls[held]
+        typical = _median_or(gap[calls][~held & (gap[calls] > 0)], 0.0)
+        bp[c] = by_end[k[held]]
+        bpw[c] = ts[c] - e_sorted[k[held]]
+        gap[c] = np.minimum(gap[c], typical)
+    return bp, bpw, gap
+
+
+def _latest_done(h: pd.DataFrame, a: pd.DataFrame, launch: np.ndarray, calls: np.ndarray) -> np.ndarray:
+    """For each of ``calls``: the latest-ending activity of its rank, launched before the call
+    began (or before the trace began), that ended while the call ran (-1 if none)."""
+    out = np.full(len(calls), -1, dtype=np.int64)
+    launched = np.arange(len(a))
+    if not len(calls) or not len(launched):
+        return out
+    ts, end, rank = h["ts"].to_numpy(), h["end"].to_numpy(), h["rank_i"].to_numpy()
+    a_end = a["end"].to_numpy()
+    # work without a launch record was launched before the trace began: before any call
+    l_ts = np.where(launch >= 0, ts[np.maximum(launch, 0)] if len(ts) else 0.0, -np.inf)
+    l_rank = a["rank_i"].to_numpy()
+    order = np.lexsort((a_end[launched], l_rank))  # per rank, by end
+    ids, l_ts, l_rank = launched[order], l_ts[order], l_rank[order]
+    ee = a_end[ids]
+    c_rank = rank[calls]
+    for r in np.unique(c_rank):  # ranks are few; the work per rank is vectorised
+        sel = np.flatnonzero(c_rank == r)
+        lo, hi = np.searchsorted(l_rank, r, "left"), np.searchsorted(l_rank, r, "right")
+        c = calls[sel]
+        k = np.searchsorted(ee[lo:hi], end[c], side="right") - 1 + lo
+        # step back over activities launched after the call began (other threads): few
+        for j in np.flatnonzero((k >= lo) & (l_ts[np.maximum(k, 0)] > ts[c])):
+            kk = int(k[j])
+            while kk >= lo and l_ts[kk] > ts[c[j]]:
+                kk -= 1
+            k[j] = kk
+        ok = (k >= lo) & (ee[np.maximum(k, 0)] > ts[c])
+        out[sel[ok]] = ids[k[ok]]
+    return out
 
 
 def _gpu_edges(a: pd.DataFrame, h: pd.DataFrame, launch: np.ndarray
@@ -253,10 +317,14 @@ def _gpu_edges(a: pd.DataFrame, h: pd.DataFrame, launch: np.ndarray
     sgap_meas = ts - prev_end
     lat = np.zeros(n)
     sgap = np.zeros(n)
+    # launch latency where the stream was idle at the launch (its predecessor known and done):
+    # the rank's, else the job's (a host always far ahead never shows it), else 0 (a lower bound)
+    idle_all = prev_end <= l_ts
+    job_lat = _median_or(lat_meas[idle_all], 0.0)
     for r in np.unique(rank_i):  # typical weights per rank
         m = rank_i == r
-        idle = m & (np.isnan(prev_end) | (prev_end <= l_ts))
-        lat_typ = _median_or(lat_meas[idle], _median_or(lat_meas[m], 0.0))
+        idle = m & idle_all
+        lat_typ = _median_or(lat_meas[idle], job_lat)
         queued = m & (l_ts + lat_typ < prev_end)
         sgap_typ = _median_or(sgap_meas[queued], 0.0)
         lat[m] = lat_typ
@@ -288,7 +356,9 @@ def _gpu_edges(a: pd.DataFrame, h: pd.DataFrame, launch: np.ndarray
 
 def _collectives(a: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Match each rank's n-th collective of a process group with the other ranks' n-th; a
-    collective ends its transfer time after the last rank's kernel started."""
+    collective ends its transfer time after the last rank's kernel started. The transfer time is
+    each rank's own end less the last arrival, never negative, so no edge weighs more than the
+    trace measured (the condition for the graph to have no positive cycle)."""
     dur = (a["end"] - a["ts"]).to_numpy().copy()
     coll = np.full(len(a), -1, dtype=np.int64)
     c = a[a["is_comm"].to_numpy().astype(bool)]
@@ -300,9 +370,12 @@ def _collectives(a: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     key = pd.MultiIndex.from_arrays([group.to_numpy(), seq.to_numpy()])
     ids, uniq = pd.factorize(key)
     nranks = pd.Series(c["rank_i"].to_numpy()).groupby(ids).nunique().to_numpy()
-    matched = nranks[ids] > 1
     idx = c.index.to_numpy()
     last_arrival = pd.Series(c["ts"].to_numpy()).groupby(ids).transform("max").to_numpy()
+    # Couple only collectives the trace shows synchronising: every rank ended after the last one
+    # arrived. A small broadcast's root may finish alone (NCCL's LL protocol buffers the send).
+    first_end = pd.Series(c["end"].to_numpy()).groupby(ids).transform("min").to_numpy()
+    matched = (nranks[ids] > 1) & (first_end >= last_arrival - SYNC_SLACK_US)
     coll[idx[matched]] = ids[matched]
     dur[idx[matched]] = np.maximum(c["end"].to_numpy()[matched] - last_arrival[matched], 0.0)
     return coll, dur

@@ -4,7 +4,7 @@ Each chain (a rank's host calls, a stream's activities) is a max-plus recurrence
 ``v[j] = max(v[j-1] + a[j], b[j])``, where ``a`` is the edge from the chain predecessor and ``b``
 gathers the edges from other chains (launches, waits, other streams, other ranks). Given ``b``, a
 whole chain is one vectorised scan: ``v[j] = A[j] + max_{m<=j} (b[m] - A[m])`` with ``A`` the
-cumulative sum of ``a`` (``np.maximum.accumulate``; segments kept apart by an offset). The
+cumulative sum of ``a`` (``np.maximum.accumulate``). The
 simulator alternates host scans and GPU scans, gathering ``b`` from the other side's latest
 times, until nothing moves: the graph is acyclic, so this reaches its one fixed point, the
 longest-path times. Each pass costs O(n); the number of passes is the number of times the
@@ -22,7 +22,7 @@ import numpy as np
 from gpuprof.errors import GpuprofError
 from gpuprof.replay.graph import Graph
 
-MAX_PASSES = 100_000
+MAX_PASSES = 5_000
 
 
 @dataclass(frozen=True)
@@ -38,20 +38,13 @@ class Times:
 
 def chain_scan(a: np.ndarray, b: np.ndarray, start: np.ndarray) -> np.ndarray:
     """``v[j] = max(v[j-1] + a[j], b[j])`` along each segment (``start`` marks its first node,
-    where ``v = b``, which must be finite)."""
-    if len(a) == 0:
-        return np.zeros(0)
-    a = np.where(start, 0.0, a)
-    seg = np.cumsum(start) - 1
-    acc = np.cumsum(a)
-    firsts = np.flatnonzero(start)
-    acc = acc - acc[firsts][seg] 
-    x = b - acc
-    fin = x[np.isfinite(x)]
-    span = float(fin.max() - fin.min()) + 1.0 if len(fin) else 1.0
-    lift = seg * (2.0 * span)  # later segments always above earlier ones: cummax cannot leak across
-    run = np.maximum.accumulate(x + lift) - lift
-    out: np.ndarray = acc + run
+    where ``v = b``, which must be finite). Segments (one per rank or stream) are few, so they
+    are scanned one at a time: exact, where one scan with offsets between segments would round."""
+    out = np.empty(len(a))
+    bounds = np.r_[np.flatnonzero(start), len(a)]
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        acc = np.cumsum(np.r_[0.0, a[lo + 1:hi]])
+        out[lo:hi] = acc + np.maximum.accumulate(b[lo:hi] - acc)
     return out
 
 
@@ -71,6 +64,7 @@ def simulate(g: Graph) -> Times:
     has_launch = g.a_launch >= 0
     has_dep = g.a_dep >= 0
     has_wait = g.h_wait >= 0
+    has_bp = g.h_bp >= 0
     coll = g.a_coll
     in_coll = coll >= 0
     n_coll = int(coll.max()) + 1 if in_coll.any() else 0
@@ -80,6 +74,7 @@ def simulate(g: Graph) -> Times:
     a_start, a_end = g.a_ts.copy(), g.a_end.copy()
     for passes in range(1, MAX_PASSES + 1):
         hb_s = np.where(g.h_first, g.h_ts, -np.inf)
+        hb_s[has_bp] = np.maximum(hb_s[has_bp], a_end[g.h_bp[has_bp]] + g.h_bpw[has_bp])
         hb_e = np.full(nh, -np.inf)
         hb_e[has_wait] = a_end[g.h_wait[has_wait]] + g.h_tail[has_wait]
         hv = chain_scan(h_a, _interleave(hb_s, hb_e), h_start_flags)

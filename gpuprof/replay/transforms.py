@@ -92,6 +92,34 @@ def rebalance_host(g: Graph, rank: int, factor: float) -> Graph:
     return shrink_host(g, g.h_rank == i, factor)
 
 
+def rebalance_to(g: Graph, slow: int, fast: int) -> Graph:
+    """Rank ``slow``'s host work brought down to rank ``fast``'s: the excess host time in the
+    profiled steps (the slow rank's gaps less the fast rank's) is cut from the slow rank's
+    longest gaps first (all cut to one level), where a sleep, a straggler's extra data loading
+    or logging shows up. Ranks of one data-parallel job run the same program, so the fast rank's
+    host time is what the slow one's would be without its extra work."""
+    si, fi = g.ranks.index(slow), g.ranks.index(fast)
+    mine = np.flatnonzero((g.h_rank == si) & (g.h_step >= 0) & (g.h_gap > 0))
+    theirs = (g.h_rank == fi) & (g.h_step >= 0) & (g.h_gap > 0)
+    excess = float(g.h_gap[mine].sum() - g.h_gap[theirs].sum())
+    return trim_host(g, mine, excess) if excess > 0 else g
+
+
+def trim_host(g: Graph, calls: np.ndarray, total_us: float) -> Graph:
+    """``total_us`` of host time cut from the longest gaps before the given calls (indices), all
+    cut down to one level: the least change that removes that much."""
+    gaps = np.maximum(g.h_gap[calls], 0.0)
+    desc = np.sort(gaps)[::-1]
+    # removing everything above desc[k] takes sum(desc[:k]) - k * desc[k]
+    cost = np.cumsum(desc) - np.arange(1, len(desc) + 1) * desc
+    k = int(np.searchsorted(cost, total_us))  # first level that removes enough
+    k = min(max(k, 1), len(desc))
+    level = max((float(desc[:k].sum()) - total_us) / k, 0.0)
+    gap = g.h_gap.copy()
+    gap[calls] = np.minimum(g.h_gap[calls], level)
+    return replace(g, h_gap=gap)
+
+
 # --- selectors from the trace model's rows -------------------------------------------------------
 def activities_of(g: Graph, rank: int, kind: str, rows: np.ndarray) -> np.ndarray:
     """Mask of the activities that are rows ``rows`` of rank ``rank``'s kernels (``kind="kernel"``)
@@ -112,3 +140,29 @@ def launches_of(g: Graph, acts: np.ndarray) -> np.ndarray:
     out = np.zeros(g.n_host, dtype=bool)
     out[g.a_launch[acts & (g.a_launch >= 0)]] = True
     return out
+
+
+def calls_within(g: Graph, rank: int, runtime_tid: np.ndarray, spans: list[tuple[float, float, int]]) -> np.ndarray:
+    """Mask of rank ``rank``'s host calls made inside any of ``spans`` (trace times ``(start, end,
+    tid)``, e.g. the ops of one kind); ``runtime_tid`` is the tid column of the rank's runtime frame."""
+    i = g.ranks.index(rank)
+    mine = np.flatnonzero(g.h_rank == i)
+    ts = g.h_ts[mine] - g.rank_offset_us[i]
+    tid = np.asarray(runtime_tid)[g.h_row[mine]]
+    out = np.zeros(g.n_host, dtype=bool)
+    if not spans:
+        return out
+    sp = np.array(spans, dtype=float)
+    for t in np.unique(sp[:, 2]):  # threads are few
+        s = sp[sp[:, 2] == t]
+        s = s[np.argsort(s[:, 0])]
+        on = tid == t
+        k = np.searchsorted(s[:, 0], ts[on], side="right") - 1
+        inside = (k >= 0) & (ts[on] <= np.maximum.accumulate(s[:, 1])[np.maximum(k, 0)])
+        out[mine[on][inside]] = True
+    return out
+
+
+def activities_launched_by(g: Graph, calls: np.ndarray) -> np.ndarray:
+    """Mask of the activities launched by the selected host calls."""
+    return (g.a_launch >= 0) & calls[np.maximum(g.a_launch, 0)]

@@ -1,0 +1,146 @@
+"""The what-if replay against real before/after pairs (docs/replay.md).
+
+For each pair: build the bad trace's graph, take out the profiler's host cost (calibrated so the
+unchanged replay takes the bad program's unprofiled step time), apply the fix as a
+transformation, and compare the replayed saving with the realised one (bad − good unprofiled
+step times, sample_traces/h200/timings/). The fixes are described from the bad trace alone
+(which ops, which copies, which rank); nothing is read from the good twin.
+
+    python -m benchmarks.replay_accuracy
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.pairs import step_ms, trace_path
+from gpuprof.ranks import load_trace_cached
+from gpuprof.replay import Graph, build, calibrate, deflate, run, what_if
+from gpuprof.replay import transforms as tf
+from gpuprof.specs import resolve
+from gpuprof.trace.model import RankTrace
+
+
+def _op_spans(t: RankTrace, names: tuple[str, ...]) -> list[tuple[float, float, int]]:
+    o = t.ops[t.ops["name"].astype(str).isin(names)]
+    return list(zip(o["ts"].astype(float), o["end"].astype(float), o["tid"].astype(int)))
+
+
+def host_sync_drop(ts: list[RankTrace], g: Graph) -> Graph:
+    """Keep the values on the GPU: the ``.item()`` calls no longer wait (nor copy to the host)."""
+    t = ts[0]
+    calls = tf.calls_within(g, t.meta.rank, t.runtime["tid"].to_numpy(), _op_spans(t, ("aten::item",)))
+    g = tf.drop_waits(g, calls)
+    return tf.remove_activities(g, tf.activities_launched_by(g, calls), with_launch=True)
+
+
+def host_sync_remove(ts: list[RankTrace], g: Graph) -> Graph:
+    """What the twin did: the per-parameter ``grad.norm().item()`` line is gone, norms included."""
+    t = ts[0]
+    calls = tf.calls_within(g, t.meta.rank, t.runtime["tid"].to_numpy(),
+                            _op_spans(t, ("aten::item", "aten::norm", "aten::linalg_vector_norm")))
+    g = tf.drop_waits(g, calls)
+    return tf.remove_activities(g, tf.activities_launched_by(g, calls), with_launch=True) if calls.any() else g
+
+
+def cuda_graph(ts: list[RankTrace], g: Graph) -> Graph:
+    """Capture the step in one CUDA graph: no host cost per launch, no Python between launches.
+    Copies and synchronising calls stay outside the graph, as a captured step needs."""
+    in_step = np.zeros(g.n_host, dtype=bool)
+    for i, t in enumerate(ts):
+        on = np.flatnonzero(g.h_rank == i)
+        in_step[on] = t.runtime["step"].to_numpy()[g.h_row[on]] >= 0
+    keep = np.isin(g.h_name, list(tf_copy_or_sync()))
+    return tf.set_host_cost(g, in_step & ~keep, 0.0)
+
+
+def tf_copy_or_sync() -> set[str]:
+    from gpuprof.replay.graph import COPY_NAMES, SYNC_NAMES
+
+    return set(COPY_NAMES) | set(SYNC_NAMES)
+
+
+def pinned_copies(ts: list[RankTrace], g: Graph) -> Graph:
+    """Pinned memory and ``non_blocking=True``: each pageable host copy at the pinned rate (copies
+    of ≥ 1 MB from pinned memory in this trace, else the GPU's PCIe datasheet rate), and its
+    launch call no longer waits for it."""
+    t = ts[0]
+    m = t.memcpys
+    pageable = ((m["src"] == "Pageable") | (m["dst"] == "Pageable")).to_numpy()
+    pinned = ((m["src"] == "Pinned") | (m["dst"] == "Pinned")).to_numpy() & (m["bytes"].to_numpy() >= 1e6)
+    if pinned.any():
+        rate = float(m["bytes"].to_numpy()[pinned].sum() / (m["dur"].to_numpy()[pinned].sum() * 1e-6))
+    else:
+        spec = resolve(t.meta.device_properties)
+        rate = (spec.pcie_gbps if spec else 0.0) * 1e9
+    sel = tf.activities_of(g, t.meta.rank, "memcpy", np.flatnonzero(pageable))
+    rows = g.a_row[sel]
+    g = tf.set_durations(g, sel, m["bytes"].to_numpy()[rows] / rate * 1e6 if rate > 0 else g.a_dur[sel])
+    return tf.drop_waits(g, tf.launches_of(g, sel))
+
+
+def rebalance(ts: list[RankTrace], g: Graph) -> Graph:
+    """Bring the slow rank's host work between calls (in its profiled steps, per step) down to
+    the fastest rank's."""
+    per_step = []
+    for i, t in enumerate(ts):
+        on = np.flatnonzero(g.h_rank == i)
+        in_step = t.runtime["step"].to_numpy()[g.h_row[on]] >= 0
+        per_step.append(float(np.maximum(g.h_gap[on][in_step], 0).sum()) / max(len(t.steps), 1))
+    gap = np.array(per_step)
+    slow, fast = int(np.argmax(gap)), int(np.argmin(gap))
+    return tf.rebalance_to(g, g.ranks[slow], g.ranks[fast])
+
+
+CASES: list[tuple[str, str, str, str, Callable[[list[RankTrace], Graph], Graph]]] = [
+    ("host_sync", "drop the .item() waits", "gpt_host_sync", "gpt_bf16", host_sync_drop),
+    ("host_sync", "remove the norm().item() line", "gpt_host_sync", "gpt_bf16", host_sync_remove),
+    ("launch_overhead", "one CUDA graph per step", "tiny_eager", "tiny_graph", cuda_graph),
+    ("pageable_memcpy", "pinned, non_blocking copies", "vision_pageable", "vision_pinned", pinned_copies),
+    ("rank_imbalance", "slow rank's host work as the fast rank's", "ddp_slow_rank", "ddp_good", rebalance),
+]
+
+
+def _traces(name: str) -> list[RankTrace]:
+    p = trace_path(name)
+    files = sorted(p.glob("*.json.gz")) if p.is_dir() else [p]
+    return [load_trace_cached(Path(f), i, True) for i, f in enumerate(files)]
+
+
+def evaluate() -> list[dict[str, object]]:
+    rows = []
+    for cat, fix, bad, good, fn in CASES:
+        ts = _traces(bad)
+        g = build(ts)
+        traced = run(g).step_time_ms
+        c = calibrate(g, step_ms(bad))
+        base = deflate(g, c)
+        w = what_if(base, [lambda x: fn(ts, x)])
+        before, after = w.before_ms, w.after_ms
+        bare = what_if(g, [lambda x: fn(ts, x)])
+        realised = step_ms(bad) - step_ms(good)
+        rows.append({"category": cat, "fix": fix, "bad": bad, "good": good, "traced_ms": traced,
+                     "event_cost_us": c, "replay_before_ms": before, "replay_after_ms": after,
+                     "estimated_ms": before - after, "realised_ms": realised,
+                     "error_pct": 100 * (before - after - realised) / realised,
+                     "bare_estimated_ms": bare.saving_ms,
+                     "bare_estimated_pct": 100 * bare.saving_ms / bare.before_ms,
+                     "realised_pct": 100 * realised / step_ms(bad)})
+    return rows
+
+
+def table(rows: list[dict[str, object]]) -> str:
+    out = ["| category | fix | bad → good | replayed step before → after (ms) | estimated | realised | error | bare trace: estimated % of step vs realised % |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['category']} | {r['fix']} | {r['bad']} → {r['good']} | {r['replay_before_ms']:.2f} → "
+                   f"{r['replay_after_ms']:.2f} | {r['estimated_ms']:.2f} | {r['realised_ms']:.2f} | "
+                   f"{r['error_pct']:+.0f}% | {r['bare_estimated_pct']:.0f}% vs {r['realised_pct']:.0f}% |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(table(evaluate()))
