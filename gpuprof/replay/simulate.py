@@ -7,10 +7,11 @@ whole chain is one vectorised scan: ``v[j] = A[j] + max_{m<=j} (b[m] - A[m])`` w
 cumulative sum of ``a`` (``np.maximum.accumulate``). The
 simulator alternates host scans and GPU scans, gathering ``b`` from the other side's latest
 times, until nothing moves: the graph is acyclic, so this reaches its one fixed point, the
-longest-path times. Each pass costs O(n); the number of passes is the number of times the
-critical path crosses from the GPU back to the host or between streams or ranks *in an order the
-pass does not already follow* (a sync that held the host up, a wait on another stream), a few
-per step in training loops.
+longest-path times. It sweeps the trace in time-ordered windows, so a pass costs O(window); the
+number of passes is about the number of times the critical path crosses from the GPU back to the
+host (a sync that held the host up) or between streams or ranks against the pass order, plus one
+per window. That is a few per step in training loops (benchmarks/replay_speed.py: 100k kernels
+of the GPT step in 0.2-0.5 s); a per-parameter ``.item()`` (76 syncs a step) costs one pass each.
 """
 
 from __future__ import annotations
@@ -22,7 +23,11 @@ import numpy as np
 from gpuprof.errors import GpuprofError
 from gpuprof.replay.graph import Graph
 
-MAX_PASSES = 5_000
+MAX_PASSES = 100_000
+#: Items (host calls and GPU activities) per window of the time-ordered sweep.
+WINDOW = 4096
+#: Times closer than this (µs) count as settled.
+SETTLED_US = 1e-6
 
 
 @dataclass(frozen=True)
@@ -36,15 +41,10 @@ class Times:
     passes: int
 
 
-def chain_scan(a: np.ndarray, b: np.ndarray, start: np.ndarray) -> np.ndarray:
-    """``v[j] = max(v[j-1] + a[j], b[j])`` along each segment (``start`` marks its first node,
-    where ``v = b``, which must be finite). Segments (one per rank or stream) are few, so they
-    are scanned one at a time: exact, where one scan with offsets between segments would round."""
-    out = np.empty(len(a))
-    bounds = np.r_[np.flatnonzero(start), len(a)]
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
-        acc = np.cumsum(np.r_[0.0, a[lo + 1:hi]])
-        out[lo:hi] = acc + np.maximum.accumulate(b[lo:hi] - acc)
+def _scan(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``v[j] = max(v[j-1] + a[j], b[j])`` with ``v[0] = b[0]`` (finite)."""
+    acc = np.cumsum(np.r_[0.0, a[1:]])
+    out: np.ndarray = acc + np.maximum.accumulate(b - acc)
     return out
 
 
@@ -54,47 +54,158 @@ def _interleave(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return out
 
 
-def simulate(g: Graph) -> Times:
-    """Longest-path times of every node of ``g`` (see the module docstring)."""
-    nh, na = g.n_host, g.n_acts
-    h_start_flags = _interleave(g.h_first, np.zeros(nh, dtype=bool)).astype(bool)
-    a_start_flags = _interleave(g.a_first, np.zeros(na, dtype=bool)).astype(bool)
-    h_a = _interleave(g.h_gap, g.h_dur)
-    a_a = _interleave(g.a_sgap, g.a_dur)
-    has_launch = g.a_launch >= 0
-    has_dep = g.a_dep >= 0
-    has_wait = g.h_wait >= 0
-    has_bp = g.h_bp >= 0
-    coll = g.a_coll
-    in_coll = coll >= 0
-    n_coll = int(coll.max()) + 1 if in_coll.any() else 0
-    # First activity of a stream without a launch or dependency edge: fixed at its traced start.
-    root = g.a_first & ~has_launch & ~has_dep
-    h_start, h_end = g.h_ts.copy(), g.h_end.copy()
-    a_start, a_end = g.a_ts.copy(), g.a_end.copy()
-    for passes in range(1, MAX_PASSES + 1):
-        hb_s = np.where(g.h_first, g.h_ts, -np.inf)
-        hb_s[has_bp] = np.maximum(hb_s[has_bp], a_end[g.h_bp[has_bp]] + g.h_bpw[has_bp])
-        hb_e = np.full(nh, -np.inf)
-        hb_e[has_wait] = a_end[g.h_wait[has_wait]] + g.h_tail[has_wait]
-        hv = chain_scan(h_a, _interleave(hb_s, hb_e), h_start_flags)
-        new_hs, new_he = hv[0::2], hv[1::2]
-        ab_s = np.full(na, -np.inf)
-        ab_s[has_launch] = new_hs[g.a_launch[has_launch]] + g.a_lat[has_launch]
-        ab_s[has_dep] = np.maximum(ab_s[has_dep], a_end[g.a_dep[has_dep]] + g.a_depw[has_dep])
-        ab_s = np.where(root, g.a_ts, ab_s)
-        ab_e = np.full(na, -np.inf)
-        if n_coll:
-            last = np.full(n_coll, -np.inf)
-            np.maximum.at(last, coll[in_coll], a_start[in_coll])
-            ab_e[in_coll] = last[coll[in_coll]] + g.a_dur[in_coll]
-        av = chain_scan(a_a, _interleave(ab_s, ab_e), a_start_flags)
-        new_as, new_ae = av[0::2], av[1::2]
-        moved = not (np.array_equal(new_hs, h_start) and np.array_equal(new_he, h_end)
-                     and np.array_equal(new_as, a_start) and np.array_equal(new_ae, a_end))
-        h_start, h_end, a_start, a_end = new_hs, new_he, new_as, new_ae
+def _moved(new: np.ndarray, old: np.ndarray) -> bool:
+    """More than rounding: a slice scanned alone sums in another order than its whole chain."""
+    return bool(np.any(np.abs(new - old) > SETTLED_US))
+
+
+def _segments(first: np.ndarray) -> np.ndarray:
+    return np.r_[np.flatnonzero(first), len(first)]
+
+
+def _seg_cummax(x: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    out = x.copy()
+    for lo, hi in zip(bounds[:-1], bounds[1:]):  # chains are few
+        out[lo:hi] = np.maximum.accumulate(x[lo:hi])
+    return out
+
+
+class _State:
+    """The replay's working times (local to one :func:`simulate` call) and one pass over a
+    window: each chain's items in the window scanned once, their outside inputs gathered from
+    the latest times."""
+
+    def __init__(self, g: Graph) -> None:
+        self.g = g
+        self.hs, self.he = g.h_ts.copy(), g.h_end.copy()
+        self.as_, self.ae = g.a_ts.copy(), g.a_end.copy()
+        self.coll_members = np.flatnonzero(g.a_coll >= 0)
+        self.n_coll = int(g.a_coll.max()) + 1 if len(self.coll_members) else 0
+        self.a_root = g.a_first & (g.a_launch < 0) & (g.a_dep < 0)
+
+    def host(self, ranges: list[tuple[int, int]]) -> bool:
+        g = self.g
+        idx = np.concatenate([np.arange(lo, hi) for lo, hi in ranges]) if ranges else np.zeros(0, np.int64)
+        if not len(idx):
+            return False
+        bs = np.where(g.h_first[idx], g.h_ts[idx], -np.inf)
+        bp = g.h_bp[idx]
+        m = bp >= 0
+        bs[m] = np.maximum(bs[m], self.ae[bp[m]] + g.h_bpw[idx[m]])
+        be = np.full(len(idx), -np.inf)
+        w = g.h_wait[idx]
+        m = w >= 0
+        be[m] = self.ae[w[m]] + g.h_tail[idx[m]]
+        moved = False
+        off = 0
+        for lo, hi in ranges:
+            n = hi - lo
+            if not n:
+                continue
+            a = _interleave(g.h_gap[lo:hi], g.h_dur[lo:hi])
+            b = _interleave(bs[off:off + n], be[off:off + n])
+            if not g.h_first[lo]:
+                b[0] = max(b[0], self.he[lo - 1] + g.h_gap[lo])
+            v = _scan(a, b)
+            moved = moved or _moved(v[0::2], self.hs[lo:hi]) or _moved(v[1::2], self.he[lo:hi])
+            self.hs[lo:hi], self.he[lo:hi] = v[0::2], v[1::2]
+            off += n
+        return moved
+
+    def gpu(self, ranges: list[tuple[int, int]]) -> bool:
+        g = self.g
+        idx = np.concatenate([np.arange(lo, hi) for lo, hi in ranges]) if ranges else np.zeros(0, np.int64)
+        if not len(idx):
+            return False
+        bs = np.full(len(idx), -np.inf)
+        ln = g.a_launch[idx]
+        m = ln >= 0
+        bs[m] = self.hs[ln[m]] + g.a_lat[idx[m]]
+        dp = g.a_dep[idx]
+        m = dp >= 0
+        bs[m] = np.maximum(bs[m], self.ae[dp[m]] + g.a_depw[idx[m]])
+        bs = np.where(self.a_root[idx], g.a_ts[idx], bs)
+        be = np.full(len(idx), -np.inf)
+        if self.n_coll:
+            last = np.full(self.n_coll, -np.inf)
+            cm = self.coll_members
+            np.maximum.at(last, g.a_coll[cm], self.as_[cm])
+            c = g.a_coll[idx]
+            m = c >= 0
+            be[m] = last[c[m]] + g.a_dur[idx[m]]
+        moved = False
+        off = 0
+        for lo, hi in ranges:
+            n = hi - lo
+            if not n:
+                continue
+            a = _interleave(g.a_sgap[lo:hi], g.a_dur[lo:hi])
+            b = _interleave(bs[off:off + n], be[off:off + n])
+            if not g.a_first[lo]:
+                b[0] = max(b[0], self.ae[lo - 1] + g.a_sgap[lo])
+            v = _scan(a, b)
+            moved = moved or _moved(v[0::2], self.as_[lo:hi]) or _moved(v[1::2], self.ae[lo:hi])
+            self.as_[lo:hi], self.ae[lo:hi] = v[0::2], v[1::2]
+            off += n
+        return moved
+
+
+def _window_keys(g: Graph, h_bounds: np.ndarray, a_bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A time for each item such that (nearly) every edge runs from an earlier or equal key to a
+    later one, non-decreasing along each chain: a call's start, or the start of the activity it
+    waits for if later (a sync returns after its target ran); an activity's start, or a
+    collective's last arrival."""
+    hk = g.h_ts.copy()
+    w = g.h_wait >= 0
+    hk[w] = np.maximum(hk[w], g.a_ts[g.h_wait[w]])
+    ak = g.a_ts.copy()
+    if (g.a_coll >= 0).any():
+        cm = np.flatnonzero(g.a_coll >= 0)
+        last = np.full(int(g.a_coll.max()) + 1, -np.inf)
+        np.maximum.at(last, g.a_coll[cm], g.a_ts[cm])
+        ak[cm] = np.maximum(ak[cm], last[g.a_coll[cm]])
+    return _seg_cummax(hk, h_bounds), _seg_cummax(ak, a_bounds)
+
+
+def _ranges(keys: np.ndarray, bounds: np.ndarray, t0: float, t1: float) -> list[tuple[int, int]]:
+    out = []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):  # chains are few
+        a = lo + int(np.searchsorted(keys[lo:hi], t0, side="left"))
+        b = lo + int(np.searchsorted(keys[lo:hi], t1, side="left"))
+        if b > a:
+            out.append((a, b))
+    return out
+
+
+def simulate(g: Graph, window: int = WINDOW) -> Times:
+    """Longest-path times of every node of ``g`` (see the module docstring).
+
+    Swept in windows of about ``window`` items in time order: each window is passed over until
+    it settles, with the earlier windows final, so a GPU→host crossing costs a pass over one
+    window, not over the whole trace. A last loop of whole-graph passes confirms the fixed point
+    (edges that run backwards in the window order, e.g. between overlapping host threads)."""
+    st = _State(g)
+    hb, ab = _segments(g.h_first), _segments(g.a_first)
+    hk, ak = _window_keys(g, hb, ab)
+    keys = np.sort(np.r_[hk, ak])
+    edges = np.r_[keys[::max(window, 1)], np.inf] if len(keys) else np.array([np.inf])
+    passes = 0
+    for t0, t1 in zip(edges[:-1], edges[1:]):
+        hr, ar = _ranges(hk, hb, float(t0), float(t1)), _ranges(ak, ab, float(t0), float(t1))
+        for _ in range(MAX_PASSES):
+            passes += 1
+            moved = st.host(hr)
+            moved = st.gpu(ar) or moved
+            if not moved:
+                break
+    full_h = [(int(lo), int(hi)) for lo, hi in zip(hb[:-1], hb[1:])]
+    full_a = [(int(lo), int(hi)) for lo, hi in zip(ab[:-1], ab[1:])]
+    for _ in range(MAX_PASSES):
+        passes += 1
+        moved = st.host(full_h)
+        moved = st.gpu(full_a) or moved
         if not moved:
-            return Times(h_start, h_end, a_start, a_end, passes)
+            return Times(st.hs, st.he, st.as_, st.ae, passes)
     raise GpuprofError(f"replay did not settle after {MAX_PASSES} passes (a cycle in the dependency graph?)")
 
 
