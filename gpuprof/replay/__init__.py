@@ -98,22 +98,28 @@ def replay(x: Source, transforms: Sequence[Transform] = (), event_cost_us: float
 def calibrate(g: Graph, real_step_ms: float, tol: float = 0.002, max_iter: int = 30) -> float:
     """The profiler's cost per recorded host event (µs) that makes the replay of ``g`` take the
     step time measured without the profiler (``real_step_ms``), found by bisection (the replayed
-    step time only falls as the cost grows). 0 when the traced replay is already no slower; the
-    largest meaningful cost (every host gap gone) when even that is slower than ``real_step_ms``:
-    then the GPU side alone is slower than the real step and no host deflation explains it."""
+    step time only falls as the cost grows). 0 when the traced replay is already no slower. When
+    even a host of no cost replays slower than ``real_step_ms`` (the GPU side alone takes longer),
+    the smallest cost that gets within ``tol`` of that floor: host time the GPU hides is not
+    deflated for nothing."""
     if not run(g).step_time_ms > real_step_ms * (1 + tol):
         return 0.0
     per_event = (np.maximum(g.h_gap, 0.0) + g.h_dur) / np.maximum(g.h_events, 1)
     lo, hi = 0.0, float(per_event.max()) if len(per_event) else 0.0
-    if run(deflate(g, hi)).step_time_ms > real_step_ms:
-        return hi
-    for _ in range(max_iter):
+    floor = run(deflate(g, hi)).step_time_ms
+    target = real_step_ms if floor < real_step_ms else floor * (1 + tol)
+    if run(g).step_time_ms <= target:
+        return 0.0
+    for _ in range(max_iter):  # the smallest cost whose replay is no slower than the target
         mid = 0.5 * (lo + hi)
         got = run(deflate(g, mid)).step_time_ms
-        if abs(got / real_step_ms - 1) <= tol:
-            return mid
-        lo, hi = (mid, hi) if got > real_step_ms else (lo, mid)
-    return 0.5 * (lo + hi)
+        if got > target:
+            lo = mid
+        else:
+            hi = mid
+            if got >= target * (1 - tol):
+                break
+    return hi
 
 
 @dataclass(frozen=True)
