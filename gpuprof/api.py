@@ -167,6 +167,7 @@ class Analysis:
         out: dict[str, Any] = {
             "steps": int(max(len(p.steps) for p in self.parts)),
             "step_time_ms": float(np.mean([x.step_time_ms for x in s])),
+            "replay_step_time_ms": self._replay_step_ms(),
             "gpu_busy_pct": float(np.mean([x.gpu_busy_pct for x in s])),
             "mfu_pct": float(np.mean(mfus)) if mfus else None,
             "breakdown_pct": {k: float(np.mean([x.breakdown_pct[k] for x in s])) for k in keys},
@@ -186,6 +187,20 @@ class Analysis:
                                 "gpu_busy_pct": p.summary.gpu_busy_pct,
                                 "communication_pct": p.summary.breakdown_pct["communication"]} for p in self.parts]
         return out
+
+    def _replay_step_ms(self) -> float | None:
+        """The unchanged trace's step time replayed from its dependency graph (gpuprof.replay):
+        its gap to ``step_time_ms`` is the replay's own error. None for many ranks analysed
+        without their frames in memory (replaying them would load every rank here)."""
+        if self.results is None and "ranks" not in self.__dict__ and len(self.parts) > 1:
+            return None
+        from gpuprof.replay import replay
+
+        try:
+            got = replay(self.ranks).step_time_ms
+        except GpuprofError:
+            return None
+        return got if np.isfinite(got) else None
 
     @property
     def warnings(self) -> list[str]:

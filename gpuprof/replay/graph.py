@@ -120,7 +120,7 @@ def _activities(t: RankTrace, rank_i: int, offset: float) -> pd.DataFrame:
                                pg=t.kernels["process_group"].astype(str).to_numpy()
                                if "process_group" in t.kernels else "",
                                cname=t.kernels["name"].astype(str).to_numpy())
-    pageable = ((t.memcpys["src"].astype(str) == "Pageable") | (t.memcpys["dst"].astype(str) == "Pageable")).to_numpy()
+    pageable = (_text(t.memcpys["src"]) == "Pageable") | (_text(t.memcpys["dst"]) == "Pageable")
     m = t.memcpys[cols].assign(kind=1, row=np.arange(len(t.memcpys)), is_comm=False, pg="", cname="",
                                pageable=pageable)
     a = pd.concat([k, m], ignore_index=True)
@@ -130,10 +130,18 @@ def _activities(t: RankTrace, rank_i: int, offset: float) -> pd.DataFrame:
     return a
 
 
+def _text(col: pd.Series) -> np.ndarray:
+    """A text column as an object array, decoded once per distinct value (names are categorical)."""
+    codes, uniq = pd.factorize(col, use_na_sentinel=True)
+    labels = np.array([str(u) for u in uniq] + ["nan"], dtype=object)
+    out: np.ndarray = labels[codes]  # code -1 (missing) picks the trailing "nan"
+    return out
+
+
 def _host(t: RankTrace, rank_i: int, offset: float) -> pd.DataFrame:
     rt = t.runtime
     h = pd.DataFrame({"ts": rt["ts"].to_numpy() + offset, "end": rt["end"].to_numpy() + offset,
-                      "name": rt["name"].astype(str).to_numpy(), "correlation": rt["correlation"].to_numpy(),
+                      "name": _text(rt["name"]), "correlation": rt["correlation"].to_numpy(),
                       "row": np.arange(len(rt)), "rank_i": rank_i,
                       "step": rt["step"].to_numpy()})
     h = h.sort_values(["ts", "end"], kind="stable").reset_index(drop=True)
@@ -206,11 +214,14 @@ def _waits(h: pd.DataFrame, a: pd.DataFrame, launch: np.ndarray) -> tuple[np.nda
     n = len(h)
     wait = np.full(n, -1, dtype=np.int64)
     ts, end, names = h["ts"].to_numpy(), h["end"].to_numpy(), h["name"].to_numpy()
+    code, uniq = pd.factorize(names)
+    is_sync = np.isin(uniq, list(SYNC_NAMES))[code]
+    is_copy_call = np.isin(uniq, list(COPY_NAMES))[code]
     dur = end - ts
     a_end = a["end"].to_numpy()
     # own copy: the call returned after its copy ended
     own = np.flatnonzero(launch >= 0)
-    is_copy = np.isin(names[launch[own]], list(COPY_NAMES)) & (a["kind"].to_numpy()[own] == 1)
+    is_copy = is_copy_call[launch[own]] & (a["kind"].to_numpy()[own] == 1)
     own = own[is_copy]
     # CUDA returns from a copy to or from pageable memory only once the last staged chunk is
     # copied: the call waits for its copy even when it returns a few µs before the copy's end.
@@ -218,21 +229,21 @@ def _waits(h: pd.DataFrame, a: pd.DataFrame, launch: np.ndarray) -> tuple[np.nda
     blocking = (a_end[own] > ts[launch[own]]) & ((a_end[own] <= end[launch[own]]) | pageable)
     wait[launch[own[blocking]]] = own[blocking]
     # synchronising calls: the latest activity that ended while the call ran, launched before it
-    sync = np.flatnonzero(np.isin(names, list(SYNC_NAMES)) & (wait < 0))
+    sync = np.flatnonzero(is_sync & (wait < 0))
     wait[sync] = _latest_done(h, a, launch, sync)
     # A launch that blocks: the launch queue was full (the host ran far ahead of the GPU) and
     # the call returned once the GPU finished something. Taken as such when the call lasted
     # BLOCKED_FACTOR x its name's median and GPU work ended while it ran.
-    median = pd.Series(dur).groupby(names).transform("median").to_numpy()
+    median = pd.Series(dur).groupby(code).transform("median").to_numpy()
     slow = np.flatnonzero((wait < 0) & (dur >= BLOCKED_FACTOR * np.maximum(median, 1e-3))
-                          & ~np.isin(names, list(SYNC_NAMES)))
+                          & ~is_sync)
     wait[slow] = _latest_done(h, a, launch, slow)
     tail = np.where(wait >= 0, end - a_end[np.maximum(wait, 0)], 0.0)  # < 0: returned before its copy ended
     # Own duration when not waiting: the median of the same call's non-waiting durations.
     own_dur = dur.copy()
     if (wait >= 0).any():
-        free = pd.Series(dur[wait < 0]).groupby(names[wait < 0]).median()
-        typical = pd.Series(names[wait >= 0]).map(free).to_numpy(dtype=float)
+        free = pd.Series(dur[wait < 0]).groupby(code[wait < 0]).median()
+        typical = pd.Series(code[wait >= 0]).map(free).to_numpy(dtype=float)
         waited = dur[wait >= 0]
         own_dur[wait >= 0] = np.fmin(np.where(np.isfinite(typical), typical, waited - tail[wait >= 0]), waited)
     return wait, tail, np.maximum(own_dur, 0.0)
@@ -336,7 +347,7 @@ def _gpu_edges(a: pd.DataFrame, h: pd.DataFrame, launch: np.ndarray
     depw = np.zeros(n)
     # Waited on another stream: the latest-ending activity of another stream of the rank before it.
     late = np.flatnonzero(np.isfinite(bound) & (ts > bound + 1.0) & (a["is_comm"].to_numpy() == False))  # noqa: E712
-    for r, s in {(int(rank_i[j]), int(stream[j])) for j in late}:  # (rank, stream) pairs are few
+    for r, s in np.unique(np.c_[rank_i[late], stream[late]], axis=0):  # (rank, stream) pairs are few
         other = np.flatnonzero((rank_i == r) & (stream != s))
         if not len(other):
             continue
@@ -392,5 +403,8 @@ def _steps(traces: Sequence[RankTrace], offset: np.ndarray, h: pd.DataFrame
         s_rank.append(np.full(len(cpu), i))
         s_cpu.append(cpu)
         s_anchor.append(np.where(k < hi - lo, k + lo, -1))
-    cat = (lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt))
-    return cat(s_rank, np.int64), cat(s_cpu, float), cat(s_anchor, np.int64)
+    return _cat(s_rank, np.int64), _cat(s_cpu, np.float64), _cat(s_anchor, np.int64)
+
+
+def _cat(xs: list[np.ndarray], dtype: type) -> np.ndarray:
+    return np.concatenate(xs).astype(dtype) if xs else np.zeros(0, dtype)

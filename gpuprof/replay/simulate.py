@@ -60,7 +60,8 @@ def _moved(new: np.ndarray, old: np.ndarray) -> bool:
 
 
 def _segments(first: np.ndarray) -> np.ndarray:
-    return np.r_[np.flatnonzero(first), len(first)]
+    out: np.ndarray = np.r_[np.flatnonzero(first), len(first)]
+    return out
 
 
 def _seg_cummax(x: np.ndarray, bounds: np.ndarray) -> np.ndarray:

@@ -126,13 +126,15 @@ def activities_of(g: Graph, rank: int, kind: str, rows: np.ndarray) -> np.ndarra
     or memcpys (``"memcpy"``) frame."""
     i = g.ranks.index(rank)
     k = 0 if kind == "kernel" else 1
-    return (g.a_rank == i) & (g.a_kind == k) & np.isin(g.a_row, np.asarray(rows))
+    out: np.ndarray = (g.a_rank == i) & (g.a_kind == k) & np.isin(g.a_row, np.asarray(rows))
+    return out
 
 
 def calls_of(g: Graph, rank: int, rows: np.ndarray) -> np.ndarray:
     """Mask of the host calls that are rows ``rows`` of rank ``rank``'s runtime frame."""
     i = g.ranks.index(rank)
-    return (g.h_rank == i) & np.isin(g.h_row, np.asarray(rows))
+    out: np.ndarray = (g.h_rank == i) & np.isin(g.h_row, np.asarray(rows))
+    return out
 
 
 def launches_of(g: Graph, acts: np.ndarray) -> np.ndarray:
@@ -165,4 +167,5 @@ def calls_within(g: Graph, rank: int, runtime_tid: np.ndarray, spans: list[tuple
 
 def activities_launched_by(g: Graph, calls: np.ndarray) -> np.ndarray:
     """Mask of the activities launched by the selected host calls."""
-    return (g.a_launch >= 0) & calls[np.maximum(g.a_launch, 0)]
+    out: np.ndarray = (g.a_launch >= 0) & calls[np.maximum(g.a_launch, 0)]
+    return out
