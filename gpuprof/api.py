@@ -190,9 +190,10 @@ class Analysis:
 
     def _replay_step_ms(self) -> float | None:
         """The unchanged trace's step time replayed from its dependency graph (gpuprof.replay):
-        its gap to ``step_time_ms`` is the replay's own error. None for many ranks analysed
-        without their frames in memory (replaying them would load every rank here)."""
-        if self.results is None and "ranks" not in self.__dict__ and len(self.parts) > 1:
+        its gap to ``step_time_ms`` is the replay's own error. None for several ranks: a job is
+        replayed as one graph, which would load every rank's frames here; and the summary must
+        read the same whether the ranks were analysed apart or in memory."""
+        if len(self.parts) > 1:
             return None
         from gpuprof.replay import replay
 
