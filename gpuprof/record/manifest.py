@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from gpuprof.redact import redact_manifest
+
 SCHEMA_VERSION = 1
 RANK_FILE = "rank{rank}.meta.json"
 
@@ -55,7 +57,7 @@ def build(run_dir: Path, base: dict[str, Any], ranks: list[dict[str, Any]]) -> d
         failures.append("no process reported in: torch was never imported, or the program ended first")
     elif not traces:
         failures.append("no trace written (see the rank notes above)")
-    return {
+    return redact_manifest({
         "schema_version": SCHEMA_VERSION,
         **{k: v for k, v in base.items() if k != "failures"},
         "torch": first.get("torch"), "cuda": first.get("cuda"),
@@ -64,4 +66,4 @@ def build(run_dir: Path, base: dict[str, Any], ranks: list[dict[str, Any]]) -> d
         "unprofiled_step_ms": sum(timed) / len(timed) if timed else None,
         "ranks": ranks,
         "failures": failures,
-    }
+    })

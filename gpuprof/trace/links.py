@@ -92,7 +92,12 @@ def _step_windows(annotations: pd.DataFrame, ops: pd.DataFrame, runtime: pd.Data
     m = names.str.extract(_PROFILER_STEP.pattern, expand=False)
     if len(cpu) and m.notna().any():
         sel = cpu[m.notna()]
-        steps = pd.DataFrame({"step": m[m.notna()].astype(np.int64).to_numpy(), "name": sel["name"].astype(str).to_numpy(),
+        digits = m[m.notna()]
+        if digits.str.len().max() <= 18:
+            number = digits.astype(np.int64).to_numpy()
+        else:  # ProfilerStep#<40 digits>: not an int64; the steps are numbered in order instead
+            number = pd.Series(sel["ts"].to_numpy()).rank(method="first").astype(np.int64).to_numpy() - 1
+        steps = pd.DataFrame({"step": number, "name": sel["name"].astype(str).to_numpy(),
                               "cpu_start": sel["ts"].to_numpy(), "cpu_end": sel["end"].to_numpy()})
         return steps.sort_values("cpu_start").drop_duplicates("step").reset_index(drop=True), "ProfilerStep"
     opt = names.str.contains(_OPTIMIZER_STEP.pattern) if len(cpu) else pd.Series([], dtype=bool)
