@@ -8,6 +8,7 @@ bucketed by category once; every later step works on whole columns.
 from __future__ import annotations
 
 import gc
+import hashlib
 import math
 import operator
 import os
@@ -91,6 +92,8 @@ _FLOAT_INT = 2 ** 1023  # integers at or beyond this do not convert to a float
 #: years, and 11.5 days). Numbers beyond are damage, not times, and would poison every sum.
 MAX_ABS_TS_US = 1e17
 MAX_DUR_US = 1e12
+#: Characters of an event name kept (names beyond are cut; see ``_bound_names``).
+MAX_NAME = 8192
 _MEMCPY_NAME = re.compile(r"^Memcpy (\w+) \((\w+) -> (\w+)\)")
 
 
@@ -432,6 +435,26 @@ def _rank_of(doc: _TraceFile, path: Path, fallback: int) -> tuple[int, int]:
     return fallback, world if isinstance(world, int) and world > 0 else 1
 
 
+def _bound_names(names: dict[str, int], path: Path) -> int:
+    """Cut names past ``MAX_NAME`` characters in place (codes unchanged); how many were cut.
+
+    Every later step (regexes on kernel names, tables, reports) is linear or worse in a name's
+    length; a 500 MB name took minutes. Real names stay far below (CUTLASS templates: ~2 KB)."""
+    long = [n for n in names if len(n) > MAX_NAME]
+    if not long:
+        return 0
+    items = list(names.items())
+    names.clear()
+    for n, code in items:
+        if len(n) > MAX_NAME:
+            digest = hashlib.blake2b(n.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+            n = f"{n[:MAX_NAME]}…[{len(n):,} chars, {digest}]"
+        names[n] = code
+    if len(names) != len(items):  # two cut names with one digest: never seen, but codes must stay aligned
+        raise TraceError("event names too long to keep apart", str(path))
+    return len(long)
+
+
 def _check_times(p: Path, bucket: str, cols: dict[str, Any], names: dict[str, int]) -> None:
     """Refuse times no profiler writes (``ts`` of 1e308, ``dur`` of 1e300, ±inf), naming the event."""
     for field, bad in (("ts", ~(np.abs(cols["ts"]) < MAX_ABS_TS_US)), ("dur", ~(cols["dur"] < MAX_DUR_US))):
@@ -499,6 +522,7 @@ def _load(p: Path, fallback_rank: int, source: list[bytes] | None = None) -> Ran
     else:
         t0_epoch_ns, origin = int(round(first_ts * 1000.0)), "absolute-us"
 
+    cut = sum(_bound_names(names[b], p) for b in names)
     kernels = _frame(chunks["kernels"], "kernels", first_ts, names["kernels"])
     memcpys = _frame(chunks["memcpys"], "memcpys", first_ts, names["memcpys"])
     ops = _frame(chunks["ops"], "ops", first_ts, names["ops"])
@@ -506,6 +530,9 @@ def _load(p: Path, fallback_rank: int, source: list[bytes] | None = None) -> Ran
     annotations = _frame(chunks["annotations"], "annotations", first_ts, names["annotations"])
 
     warnings: list[str] = []
+    if cut:
+        warnings.append(f"{cut} event name(s) longer than {MAX_NAME:,} characters were cut to that length "
+                        "(each keeps a digest of the whole name, so distinct names stay distinct)")
     if len(kernels) + len(memcpys) == 0:
         warnings.append("no GPU events (kernels or memcpys): GPU analyses are skipped; was CUDA activity profiled?")
     has_shapes = bool(ops["input_dims"].notna().any()) if len(ops) else False
