@@ -130,8 +130,10 @@ def _rebuilt_manifest(folder: Path) -> dict[str, Any] | None:
     from gpuprof.record.manifest import collect_ranks
 
     tdir = folder / "traces"
-    if not tdir.is_dir():
-        return None
+    if not tdir.is_dir() or any(_is_trace_name(f) for f in folder.iterdir()):
+        return None  # a folder of traces that happens to hold a traces/ folder too
+    if not (folder / "nvml.csv").is_file() and not any(tdir.glob("*.meta.json")):
+        return None  # nothing the recorder writes: not a run folder
     ranks = [r for r in collect_ranks(folder) if isinstance(r, dict) and "error" not in r]
     listed = {f.name: f for f in tdir.iterdir() if _is_trace_name(f)}
     traces = [{"rank": i, "path": f"traces/{name}"} for i, name in enumerate(sorted(listed))]

@@ -320,6 +320,9 @@ TRACE_CASES: dict[str, tuple[Any, dict[str, str], str | None]] = {
                       {"@BIG": "1" + "0" * 400}, None),
     "400-digit External id": (lambda d: [e["args"].update({"External id": "@BIG"}) for e in _events(d, "kernel", 5)],
                               {"@BIG": "1" + "0" * 400}, None),
+    "no CPU op readable": (lambda d: [e.update(ph=-1) for e in d["traceEvents"] if e.get("cat") == "cpu_op"], {}, None),
+    "400-digit baseTimeNanoseconds": (lambda d: d.update(baseTimeNanoseconds="@BIG"), {"@BIG": "1" + "0" * 400},
+                                      None),  # a guard: main crashed on it only with decode_b1 (fuzz)
     "list as cat": (lambda d: [e.update(cat=[1, [2]]) for e in _events(d, "cpu_op")], {}, None),
     "totalGlobalMem string": (lambda d: d["deviceProperties"][0].update(name="NVIDIA A100-SXM4-40GB",
                                                                        totalGlobalMem="80GB"), {}, None),

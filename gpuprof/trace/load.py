@@ -516,7 +516,8 @@ def _load(p: Path, fallback_rank: int, source: list[bytes] | None = None) -> Ran
     if not np.isfinite(first_ts):
         raise TraceError("empty trace: no CPU ops, kernels or annotations (was the profiler ever active?)", str(p))
 
-    base_ns = doc.baseTimeNanoseconds if isinstance(doc.baseTimeNanoseconds, int) else None
+    base_ns = doc.baseTimeNanoseconds if type(doc.baseTimeNanoseconds) is int and \
+        0 <= doc.baseTimeNanoseconds < 2 ** 62 else None  # else not an epoch in ns: times stay absolute
     if base_ns is not None:
         t0_epoch_ns, origin = base_ns + int(round(first_ts * 1000.0)), "baseTimeNanoseconds"
     else:
