@@ -452,3 +452,14 @@ def test_fuzzed_fields_of_real_traces(tmp_path: Path) -> None:
         except Exception as e:  # noqa: BLE001 -- the point of the test: nothing else may escape
             failures.append(f"{what}={value!r}: {e.__class__.__name__}: {e}")
     assert not failures, failures
+
+
+def test_json_report_writes_no_inf_or_nan() -> None:
+    """A non-finite number that reaches the document (from evidence built on damaged input) is
+    null in the JSON report, not ``Infinity`` and not a ValueError losing the whole report."""
+    from gpuprof.reports.json_report import render_json
+
+    text = render_json({"summary": {"step_time_ms": float("inf")},
+                        "findings": [{"evidence": {"ratio": float("nan"), "ms": [1.5, -float("inf")]}}]})
+    assert json.loads(text) == {"summary": {"step_time_ms": None}, "findings": [{"evidence": {"ratio": None,
+                                                                                              "ms": [1.5, None]}}]}
