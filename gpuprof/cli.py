@@ -5,8 +5,11 @@ Every :class:`GpuprofError` becomes one line on stderr and its exit code; no tra
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +19,15 @@ import gpuprof
 from gpuprof.errors import GpuprofError, UsageError
 
 
+def _say(text: str) -> None:
+    """One line on stderr, control characters from paths and names escaped (see ``printable``)."""
+    from gpuprof.reports.text import printable
+
+    click.echo(printable(text), err=True)
+
+
 def _fail(e: GpuprofError) -> None:
-    click.echo(f"gpuprof: error: {e}", err=True)
+    _say(f"gpuprof: error: {e}")
     sys.exit(e.exit_code)
 
 
@@ -36,7 +46,7 @@ def _emit(text: str, output: Path | None, force: bool) -> None:
         click.echo(text, nl=False)
     else:
         _write_new(output, text, force)
-        click.echo(f"wrote {output}", err=True)
+        _say(f"wrote {output}")
 
 
 def _fresh_path(path: Path) -> Path:
@@ -50,16 +60,54 @@ def _fresh_path(path: Path) -> Path:
 
 
 def _write_new(path: Path, text: str, force: bool) -> None:
-    """Write a report without ever replacing an existing file unless --force."""
-    if path.exists() and not force:
-        raise UsageError("exists; choose another -o path or pass --force to replace it", str(path))
+    """Write a report without ever replacing an existing file unless --force, and never leave a
+    half-written one: the text goes to a temporary file beside ``path`` (same file system), is
+    flushed to disk, then renamed over it. A full disk or a failing write leaves the old file as
+    it was and removes the temporary one."""
     if path.is_dir():
         raise UsageError("is a folder; -o takes a file path", str(path))
+    if (path.exists() or path.is_symlink()) and not force:
+        raise UsageError("exists; choose another -o path or pass --force to replace it", str(path))
+    # Lone surrogates (a trace's "\ud800") cannot be UTF-8: written as the same JSON-style escape.
+    data = text.encode("utf-8", errors="backslashreplace")
+    tmp: str | None = None
+    reserved = False
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    except OSError as e:
-        raise UsageError(f"cannot write ({e.strerror})", str(path)) from None
+        mode = _mode_for(path)
+        if not force:  # claim the name first, so nothing that appears meanwhile is replaced
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode))
+            reserved = True
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:64]}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        tmp = None
+        reserved = False
+    except FileExistsError:
+        raise UsageError("exists; choose another -o path or pass --force to replace it", str(path)) from None
+    except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or e.__class__.__name__
+        raise UsageError(f"cannot write ({reason})", str(path)) from None
+    finally:
+        for leftover in (tmp, path if reserved else None):
+            if leftover is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(leftover)
+
+
+def _mode_for(path: Path) -> int:
+    """The replaced file's permissions, else what the umask gives a new file (mkstemp's 0600
+    would hide a shared report from its readers)."""
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        mask = os.umask(0)
+        os.umask(mask)
+        return 0o666 & ~mask
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -110,7 +158,7 @@ def report(paths: tuple[Path, ...], fmt: str, output: Path | None, force: bool, 
             target = output or _fresh_path(Path("gpuprof-report.html"))
             _write_new(target, analysis.to_html(), force)
             click.echo(analysis.to_text(color=_color()), nl=False)
-            click.echo(f"wrote {target}", err=True)
+            _say(f"wrote {target}")
             return
         _emit(analysis.to_json() if fmt == "json" else analysis.to_text(color=_color() and output is None),
               output, force)
@@ -239,7 +287,7 @@ def calibrate(output: Path, gemm_table: bool) -> None:
         import json
 
         _write_new(output, json.dumps(spec, indent=1) + "\n", force=False)
-        click.echo(f"wrote {output}", err=True)
+        _say(f"wrote {output}")
     except GpuprofError as e:
         _fail(e)
 

@@ -498,8 +498,8 @@ def cost_of(name: str, dims: Any, types: Any, concrete: Any, strides: Any = None
             return _elementwise(name, dims, types, strides)
         if name.startswith("aten::_foreach_") or name.startswith("aten::_fused_adam"):
             return _foreach(name, dims, types, concrete)
-    except (IndexError, TypeError, ValueError, ZeroDivisionError):
-        return None  # shapes not of the form the rule expects: no model rather than a wrong one
+    except (IndexError, TypeError, ValueError, ZeroDivisionError, OverflowError):
+        return None  # shapes not of the form the rule expects (or beyond float range): no model rather than a wrong one
     return None
 
 

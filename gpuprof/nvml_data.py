@@ -25,13 +25,41 @@ THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
 BUSY_PCT = 50
 
 
+#: The columns ``gpuprof record`` writes besides ``ts_ns`` and ``gpu``; all numeric. A file from
+#: another version, or edited by hand, may lack some: they read as NaN (not measured).
+METRICS = ("util_gpu_pct", "util_mem_pct", "mem_used_mb", "mem_total_mb", "power_w", "power_limit_w",
+           "sm_clock_mhz", "mem_clock_mhz", "sm_clock_max_mhz", "clock_event_reasons", "temp_c",
+           "pcie_tx_bytes", "pcie_rx_bytes", "nvlink_tx_bytes", "nvlink_rx_bytes", "gpm_sm_util_pct",
+           "gpm_sm_occupancy_pct", "gpm_tensor_util_pct", "gpm_dram_bw_util_pct")
+#: Clock-event reasons are a bit mask of NVML's 64-bit reasons word.
+_MAX_REASONS = 2 ** 53
+
+
 def load_csv(path: Path) -> pd.DataFrame:
+    """The samples, every known column present and numeric (absent or unreadable values NaN);
+    ``ts_ns`` and ``gpu`` must be whole numbers in every row."""
     try:
-        df = pd.read_csv(path)
-    except (OSError, ValueError) as e:
+        df = pd.read_csv(path, low_memory=False)
+    except (OSError, ValueError, UnicodeDecodeError) as e:
         raise TraceError(f"unreadable NVML samples ({e.__class__.__name__}: {e})", str(path)) from None
-    if "ts_ns" not in df.columns or "gpu" not in df.columns:
-        raise TraceError("not a gpuprof NVML file (no ts_ns/gpu columns)", str(path))
+    for col in ("ts_ns", "gpu"):
+        if col not in df.columns:
+            raise TraceError(f"not a gpuprof NVML file (no '{col}' column)", str(path))
+        v = pd.to_numeric(df[col], errors="coerce")
+        bad = ~np.isfinite(v.to_numpy(dtype=float)) | (v.to_numpy(dtype=float) < 0) \
+            | (v.to_numpy(dtype=float) >= 2.0 ** 63)
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise TraceError(f"column '{col}' must hold non-negative whole numbers; row {row + 2} holds "
+                             f"{str(df[col].iloc[row])[:40]!r}", str(path))
+        df[col] = v.astype(np.int64)
+    for col in METRICS:
+        if col in df.columns:
+            df[col] = pd.to_numeric(df[col], errors="coerce").astype(np.float64)
+        else:
+            df[col] = np.nan
+    reasons = df["clock_event_reasons"].to_numpy()
+    df["clock_event_reasons"] = np.where((reasons >= 0) & (reasons < _MAX_REASONS), reasons, np.nan)
     return df
 
 

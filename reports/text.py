@@ -1,8 +1,8 @@
 """The terminal summary: step time, MFU, where the time goes, what to fix first, top kernels.
 
-Names from traces are user data: control characters are replaced so a kernel name cannot move
-the cursor or recolour the terminal. Colour only when asked (the CLI asks on a TTY without
-``NO_COLOR``).
+Names from traces are user data: control characters are shown escaped (``\\x1b``) so a kernel
+name cannot move the cursor, recolour the terminal or write the clipboard. Colour only when asked
+(the CLI asks on a TTY without ``NO_COLOR``).
 """
 
 from __future__ import annotations
@@ -10,14 +10,28 @@ from __future__ import annotations
 import re
 from typing import Any
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+#: What a terminal may act on rather than show: C0 and C1 controls and DEL (ESC, CSI, OSC, BEL,
+#: CR, backspace...), bidirectional overrides and isolates (text shown in another order than it
+#: reads), line/paragraph separators, and lone surrogates (which cannot even be encoded).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def _escape(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def printable(s: Any) -> str:
+    """``str(s)`` safe to print on a terminal: every control character escaped as ``\\xNN`` or
+    ``\\uNNNN``; newlines and tabs too, so one message stays one line."""
+    return _CONTROL.sub(_escape, str(s))
 
 
 def _safe(s: Any, width: int | None = None) -> str:
-    text = _CONTROL.sub("?", str(s))
-    if width is not None and len(text) > width:
+    text = str(s)
+    if width is not None and len(text) > width:  # cut first: escaping a 500 MB name to show 70 characters is waste
         text = text[: width - 1] + "…"
-    return text
+    return printable(text)
 
 
 def _num(x: Any, fmt: str = "{:.1f}", none: str = "-") -> str:

@@ -19,6 +19,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from gpuprof.redact import redact_manifest
+
 SCHEMA_VERSION = 1
 META_GLOB = "*.meta.json"  # one per process that stepped: rank{R}, pid{PID}, rank{R}.pid{PID} (hook._claim)
 PROCS_DIR = ".procs"  # notes from processes that imported torch but never stepped (read, then removed)
@@ -128,4 +130,4 @@ def build(run_dir: Path, base: dict[str, Any], ranks: list[dict[str, Any]],
     }
     if not ranks:
         doc["processes_without_steps"] = [{"pid": p.get("pid"), "program": p.get("program")} for p in idle or []]
-    return doc
+    return redact_manifest(doc)

@@ -8,6 +8,7 @@ bucketed by category once; every later step works on whole columns.
 from __future__ import annotations
 
 import gc
+import hashlib
 import math
 import operator
 import os
@@ -86,6 +87,13 @@ _NAME = operator.attrgetter("name")
 CHUNK_EVENTS = 8_192
 _RANK_IN_NAME = re.compile(r"(?:rank|_r|-r)[_-]?(\d+)", re.IGNORECASE)
 _COMM_KERNEL = re.compile(r"nccl|rccl|cross_device_reduce|all_?reduce|all_?gather|reduce_?scatter|sendrecv", re.IGNORECASE)
+_FLOAT_INT = 2 ** 1023  # integers at or beyond this do not convert to a float
+#: No profiler records a time this far from its origin, or a span this long: µs (about 3,000
+#: years, and 11.5 days). Numbers beyond are damage, not times, and would poison every sum.
+MAX_ABS_TS_US = 1e17
+MAX_DUR_US = 1e12
+#: Characters of an event name kept (names beyond are cut; see ``_bound_names``).
+MAX_NAME = 8192
 _MEMCPY_NAME = re.compile(r"^Memcpy (\w+) \((\w+) -> (\w+)\)")
 
 
@@ -164,6 +172,8 @@ def _decode(path: Path, data: bytes, decoder: Any = _DECODER) -> Any:
         if "truncated" in msg.lower():
             raise TraceError("truncated JSON (was the run killed while the trace was written?)", str(path)) from None
         raise TraceError(f"not a Kineto trace: {msg}", str(path)) from None
+    except RecursionError:  # arrays in arrays past msgspec's depth limit: no profiler writes that
+        raise TraceError("not a Kineto trace: JSON nested too deeply", str(path)) from None
     if decoder is not _DECODER:
         return doc
     if isinstance(doc, list):  # a bare chrome-trace event array
@@ -179,13 +189,21 @@ def _num(values: list[Any], dtype: str = "float64") -> np.ndarray:
         a = np.array(values, dtype=np.float64)
         if a.ndim != 1:
             raise ValueError
-    except (TypeError, ValueError):
-        a = np.fromiter((v if type(v) in (int, float) else np.nan for v in values), dtype=np.float64,
-                        count=len(values))
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an integer of 400 digits
+        a = np.fromiter((_finite(v) for v in values), dtype=np.float64, count=len(values))
     if dtype == "int64":
         ok = np.isfinite(a) & (a == np.floor(a))
         return np.where(ok, a, -1.0).astype(np.int64)
     return a
+
+
+def _finite(v: Any) -> float:
+    """A JSON number as a float; anything else, or an integer beyond float range, NaN."""
+    if type(v) is float:
+        return v
+    if type(v) is int:
+        return float(v) if -_FLOAT_INT < v < _FLOAT_INT else np.nan
+    return np.nan
 
 
 def parse_arg(text: bytes | str | None) -> Any:
@@ -193,9 +211,26 @@ def parse_arg(text: bytes | str | None) -> Any:
     if text is None:
         return None
     try:
-        return msgspec.json.decode(text)
-    except msgspec.DecodeError:
+        value = msgspec.json.decode(text)
+    except (msgspec.DecodeError, RecursionError):  # RecursionError: nested past msgspec's depth limit
         return None
+    return value if _int64_only(value) else None
+
+
+def _int64_only(value: Any) -> bool:
+    """Whether every integer in ``value`` fits int64: a shape or scalar beyond is no tensor's, and
+    its products would overflow every cost formula."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if type(v) is int:
+            if not -2 ** 63 <= v < 2 ** 63:
+                return False
+        elif type(v) is list:
+            stack.extend(v)
+        elif type(v) is dict:
+            stack.extend(v.values())
+    return True
 
 
 def _xyz(values: list[Any]) -> np.ndarray:
@@ -400,6 +435,37 @@ def _rank_of(doc: _TraceFile, path: Path, fallback: int) -> tuple[int, int]:
     return fallback, world if isinstance(world, int) and world > 0 else 1
 
 
+def _bound_names(names: dict[str, int], path: Path) -> int:
+    """Cut names past ``MAX_NAME`` characters in place (codes unchanged); how many were cut.
+
+    Every later step (regexes on kernel names, tables, reports) is linear or worse in a name's
+    length; a 500 MB name took minutes. Real names stay far below (CUTLASS templates: ~2 KB)."""
+    long = [n for n in names if len(n) > MAX_NAME]
+    if not long:
+        return 0
+    items = list(names.items())
+    names.clear()
+    for n, code in items:
+        if len(n) > MAX_NAME:
+            digest = hashlib.blake2b(n.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+            n = f"{n[:MAX_NAME]}…[{len(n):,} chars, {digest}]"
+        names[n] = code
+    if len(names) != len(items):  # two cut names with one digest: never seen, but codes must stay aligned
+        raise TraceError("event names too long to keep apart", str(path))
+    return len(long)
+
+
+def _check_times(p: Path, bucket: str, cols: dict[str, Any], names: dict[str, int]) -> None:
+    """Refuse times no profiler writes (``ts`` of 1e308, ``dur`` of 1e300, ±inf), naming the event."""
+    for field, bad in (("ts", ~(np.abs(cols["ts"]) < MAX_ABS_TS_US)), ("dur", ~(cols["dur"] < MAX_DUR_US))):
+        hit = np.flatnonzero(bad)
+        if len(hit):
+            name = list(names)[cols["name"][hit[0]]]
+            value = cols[field][hit[0]]
+            raise TraceError(f"a {bucket} event ({name[:80]!r}) has '{field}' {value:g} µs, beyond any profiled time",
+                             str(p))
+
+
 def load_trace(path: str | Path, fallback_rank: int = 0, source: list[bytes] | None = None) -> RankTrace:
     """Load one Kineto trace file into a :class:`RankTrace`; raises :class:`TraceError` on bad input.
 
@@ -429,7 +495,7 @@ def _load(p: Path, fallback_rank: int, source: list[bytes] | None = None) -> Ran
         buckets: dict[str, list[_Event]] = {b: [] for b in chunks}
         for e in evs:
             if e.ph == "X":
-                b = get(e.cat)
+                b = get(e.cat) if e.cat.__class__ is str else None
                 if b is not None:
                     buckets[b].append(e)
         for b, bevs in buckets.items():
@@ -444,17 +510,20 @@ def _load(p: Path, fallback_rank: int, source: list[bytes] | None = None) -> Ran
             if len(bad):
                 name = list(names[b])[c["name"][bad[0]]]
                 raise TraceError(f"a {b} event ({name!r}) has a non-numeric 'ts'", str(p))
+            _check_times(p, b, c, names[b])
             if len(c["ts"]):
                 first_ts = min(first_ts, float(c["ts"].min()))
     if not np.isfinite(first_ts):
         raise TraceError("empty trace: no CPU ops, kernels or annotations (was the profiler ever active?)", str(p))
 
-    base_ns = doc.baseTimeNanoseconds if isinstance(doc.baseTimeNanoseconds, int) else None
+    base_ns = doc.baseTimeNanoseconds if type(doc.baseTimeNanoseconds) is int and \
+        0 <= doc.baseTimeNanoseconds < 2 ** 62 else None  # else not an epoch in ns: times stay absolute
     if base_ns is not None:
         t0_epoch_ns, origin = base_ns + int(round(first_ts * 1000.0)), "baseTimeNanoseconds"
     else:
         t0_epoch_ns, origin = int(round(first_ts * 1000.0)), "absolute-us"
 
+    cut = sum(_bound_names(names[b], p) for b in names)
     kernels = _frame(chunks["kernels"], "kernels", first_ts, names["kernels"])
     memcpys = _frame(chunks["memcpys"], "memcpys", first_ts, names["memcpys"])
     ops = _frame(chunks["ops"], "ops", first_ts, names["ops"])
@@ -462,6 +531,9 @@ def _load(p: Path, fallback_rank: int, source: list[bytes] | None = None) -> Ran
     annotations = _frame(chunks["annotations"], "annotations", first_ts, names["annotations"])
 
     warnings: list[str] = []
+    if cut:
+        warnings.append(f"{cut} event name(s) longer than {MAX_NAME:,} characters were cut to that length "
+                        "(each keeps a digest of the whole name, so distinct names stay distinct)")
     if len(kernels) + len(memcpys) == 0:
         warnings.append("no GPU events (kernels or memcpys): GPU analyses are skipped; was CUDA activity profiled?")
     has_shapes = bool(ops["input_dims"].notna().any()) if len(ops) else False
