@@ -22,6 +22,7 @@ confidence.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -35,8 +36,13 @@ from gpuprof.ranks import event_cost_us
 if TYPE_CHECKING:
     from gpuprof.api import Analysis, RankResult
     from gpuprof.ranks import RankPart
+    from gpuprof.trace.model import RankTrace
 
 Unit = tuple[Any, ...]
+#: Gap causes in the order the real (unprofiled) idle budget is given out: device round trips
+#: first (little host work inside them), then stalls and input, then host work, which the
+#: profiler inflates most.
+CAUSE_ORDER = ("sync", "alloc", "stall", "input", "host_work", "launch", "graph", "other")
 
 
 @dataclass(frozen=True)
@@ -77,7 +83,7 @@ class RankView:
         if real:
             busy_us = self.step_time_us * (100.0 - r.summary.breakdown_pct["idle"]) / 100.0
             budget = max(0.0, real * 1000.0 - busy_us) * self.n_steps
-            for cause in ("sync", "input", "launch", "other"):
+            for cause in CAUSE_ORDER:
                 m = (g["cause"] == cause).to_numpy()
                 total = real_dur[m].sum()
                 if total > budget:
@@ -184,55 +190,314 @@ def gaps(r: RankResult) -> pd.DataFrame:
 
 
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
-              "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2")
+              "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2",
+              "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize", "hipCtxSynchronize",
+              "hipMemcpy", "hipMemcpyWithStream", "hipMemcpyDtoH")
+#: Device-memory allocator calls. With PyTorch's caching allocator they happen only while its pool
+#: grows; in every step they mean the cache is off (``PYTORCH_NO_CUDA_MEMORY_CACHING``), emptied
+#: (``empty_cache()``) or fragmented. ``cudaFree``/``hipFree`` also synchronise the device.
+#: (The stream-ordered ``cudaMallocAsync``/``cudaFreeAsync`` do neither and are not listed.)
+ALLOC_CALLS = ("cudaMalloc", "cudaFree", "cuMemAlloc_v2", "cuMemFree_v2", "cudaMallocHost", "cudaFreeHost",
+               "cudaHostAlloc", "cudaMallocManaged", "cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap",
+               "hipMalloc", "hipFree", "hipHostMalloc", "hipHostFree", "hipFreeHost", "hipExtMallocWithFlags",
+               "hipMallocManaged")
+GRAPH_LAUNCH = ("cudaGraphLaunch", "cuGraphLaunch", "hipGraphLaunch")
+#: Calls that record a CUDA graph (not ``*GetCaptureInfo``, which eager PyTorch calls on every
+#: allocation to ask whether a capture is running).
+_CAPTURE = re.compile(r"^(cuda|cu|hip)(StreamBeginCapture|StreamEndCapture|GraphInstantiate)")
 _LOADER = r"DataLoader|dataloader|_next_data|__next__"
+#: A stretch of host time outside every op that drives the GPU is user Python (tokenising, data
+#: preparation, logging), not dispatch glue, once it lasts this long: on the launch-bound real
+#: samples the longest such stretch inside a step is 0.34 ms (tiny_eager, the autograd engine
+#: starting) and 0.45 ms (gpt_bf16, views before attention), under the profiler; 1 ms is twice that.
+HOST_WORK_MIN_US = 1000.0
+#: One idle gap is a host *stall* (a blocking copy, a pause, a checkpoint save) when it alone holds
+#: this share of its step and one op or runtime call covers most of it; launch-bound idle is many
+#: gaps of kernel size, none of which holds a fifth of the step.
+STALL_STEP_SHARE = 0.2
+STALL_MIN_US = 1000.0
+
+
+def in_graph(kernels: pd.DataFrame) -> np.ndarray:
+    """Kernels launched by a graph replay: the loader's ``in_graph`` column when it has one,
+    else from the launch call's name."""
+    if "in_graph" in kernels.columns:
+        return kernels["in_graph"].fillna(False).to_numpy(dtype=bool)
+    if "launch_api" not in kernels.columns or not len(kernels):
+        return np.zeros(len(kernels), dtype=bool)
+    return kernels["launch_api"].astype(object).isin(GRAPH_LAUNCH).to_numpy(dtype=bool)
+
+
+def graph_capture_calls(t: RankTrace) -> int:
+    """How many graph-capture calls the trace records: the loader's ``graph_capture_calls`` when it
+    counts them, else counted here from the runtime calls' names."""
+    v = getattr(t.meta, "graph_capture_calls", None)
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    if not len(t.runtime):
+        return 0
+    counts = t.runtime["name"].value_counts()
+    return int(sum(int(n) for name, n in counts.items() if _CAPTURE.match(str(name))))
+
+
+def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The sorted disjoint union of intervals, with for each piece the (sorted) index of the first
+    interval in it and of the interval that ends it."""
+    if not len(starts):
+        e = np.zeros(0)
+        return e, e, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    s, en = np.asarray(starts, dtype=float), np.asarray(ends, dtype=float)
+    reach = np.maximum.accumulate(en)
+    new = np.r_[True, s[1:] > reach[:-1]]
+    first = np.flatnonzero(new)
+    last = np.r_[first[1:] - 1, len(s) - 1]
+    pos = np.arange(len(s))
+    setter = pd.Series(np.where(en == reach, pos, -1)).cummax().to_numpy()
+    return s[first], reach[last], first, setter[last]
+
+
+def covered(starts: np.ndarray, ends: np.ndarray, qs: np.ndarray, qe: np.ndarray) -> np.ndarray:
+    """For each query interval [qs, qe], the time the union of the intervals (starts, ends) covers."""
+    o = np.argsort(starts, kind="stable")
+    us, ue, _, _ = _union(np.asarray(starts)[o], np.asarray(ends)[o])
+    if not len(us):
+        return np.zeros(len(qs))
+    cum = np.r_[0.0, np.cumsum(ue - us)]
+
+    def upto(x: np.ndarray) -> np.ndarray:
+        j = np.searchsorted(us, x, side="right") - 1  # the last piece starting at or before x
+        jj = np.maximum(j, 0)
+        return np.where(j >= 0, cum[jj] + np.minimum(x, ue[jj]) - us[jj], 0.0)
+
+    return np.maximum(upto(np.asarray(qe, dtype=float)) - upto(np.asarray(qs, dtype=float)), 0.0)
+
+
+def _pairs(a_lo: np.ndarray, a_hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Expand per-query index ranges [lo, hi) into (query, index) pairs."""
+    cnt = np.maximum(a_hi - a_lo, 0)
+    q = np.repeat(np.arange(len(a_lo)), cnt)
+    idx = np.repeat(a_lo, cnt) + (np.arange(cnt.sum()) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+    return q, idx
+
+
+def host_outside_ops(t: RankTrace, g: pd.DataFrame) -> pd.DataFrame:
+    """Per gap, the host time outside every top-level op that drives the GPU (an op with a runtime
+    call inside it) on any thread, and outside the optimizer's own spans: user Python or CPU-only
+    ops. Every thread counts, since a thread waiting for another (``loss.backward()`` waits for
+    the autograd thread) is not doing work of its own; ``Optimizer.step#``/``zero_grad#`` spans
+    count as driving, since their Python is the optimizer's, which fused or compiled optimizers
+    remove.
+
+    Columns: outside_us (in the gap), longest_us (the longest such stretch in the gap), hole_start,
+    hole_end (that stretch, unclipped), prev_op, next_op (rows of ``ops`` bounding it, -1 if none).
+    A trace without ops (GPU-only, some old formats) gives 0: nothing can be told apart.
+    """
+    n = len(g)
+    out = {"outside_us": np.zeros(n), "longest_us": np.zeros(n), "hole_start": np.full(n, np.nan),
+           "hole_end": np.full(n, np.nan), "prev_op": np.full(n, -1, dtype=np.int64),
+           "next_op": np.full(n, -1, dtype=np.int64)}
+    ops, rt = t.ops, t.runtime
+    if not n or not len(ops):
+        return pd.DataFrame(out, index=g.index)
+    gs, ge = g["start"].to_numpy(dtype=float), g["end"].to_numpy(dtype=float)
+    top = ops[ops["depth"] == 0]
+    drives = np.zeros(len(top), dtype=bool)
+    for tid in np.unique(top["tid"].to_numpy()):  # top-level ops of one thread do not overlap
+        m = (top["tid"] == tid).to_numpy()
+        o = top[m]
+        order = np.argsort(o["ts"].to_numpy(), kind="stable")
+        ots, oen = o["ts"].to_numpy()[order], o["end"].to_numpy()[order]
+        rts = np.sort(rt.loc[rt["tid"] == tid, "ts"].to_numpy())
+        k = np.searchsorted(ots, rts, side="right") - 1
+        inside = (k >= 0) & (rts < oen[np.maximum(k, 0)])
+        hit = np.zeros(len(o), dtype=bool)
+        hit[order[np.unique(k[inside])]] = True
+        drives[np.flatnonzero(m)] = hit
+    d = top[drives]
+    a = t.annotations
+    opt = a[~a["on_gpu"] & a["name"].astype(str).str.match(r"Optimizer\.(step|zero_grad)#")]
+    starts = np.r_[d["ts"].to_numpy(), opt["ts"].to_numpy()]
+    ends = np.r_[d["end"].to_numpy(), opt["end"].to_numpy()]
+    rows = np.r_[d.index.to_numpy(), np.full(len(opt), -1)]
+    order = np.argsort(starts, kind="stable")
+    us, ue, first, ender = _union(starts[order], ends[order])
+    rows = rows[order]
+    hs, he = np.r_[-np.inf, ue], np.r_[us, np.inf]
+    h_prev = np.r_[-1, rows[ender]] if len(us) else np.array([-1])
+    h_next = np.r_[rows[first], -1] if len(us) else np.array([-1])
+    q, h = _pairs(np.searchsorted(he, gs, side="right"), np.searchsorted(hs, ge, side="left"))
+    if not len(q):
+        return pd.DataFrame(out, index=g.index)
+    clip = np.maximum(np.minimum(he[h], ge[q]) - np.maximum(hs[h], gs[q]), 0.0)
+    out["outside_us"] = np.bincount(q, weights=clip, minlength=n)
+    order = np.lexsort((-clip, q))
+    best = order[np.r_[True, q[order][1:] != q[order][:-1]]]
+    gi, hb = q[best], h[best]
+    out["longest_us"][gi] = clip[best]
+    out["hole_start"][gi], out["hole_end"][gi] = hs[hb], he[hb]
+    out["prev_op"][gi], out["next_op"][gi] = h_prev[hb], h_next[hb]
+    return pd.DataFrame(out, index=g.index)
+
+
+def _spans_in(starts: np.ndarray, ends: np.ndarray, gs: np.ndarray, ge: np.ndarray) -> np.ndarray:
+    """Whether some span (sorted by start) overlaps each interval [gs, ge]: the last span starting
+    before ge ends after gs. Exact for spans that do not nest, as DataLoader spans do not."""
+    k = np.searchsorted(starts, ge, side="right") - 1
+    return (k >= 0) & (ends[np.maximum(k, 0)] > gs)
+
+
+def _longest_on_thread(frame: pd.DataFrame, g: pd.DataFrame, tids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per gap, the event of ``frame`` on the launching thread that covers most of it: (row, µs
+    covered), -1/0 where none. All (gap, event) overlaps are expanded at once, per thread."""
+    n = len(g)
+    row, cov = np.full(n, -1, dtype=np.int64), np.zeros(n)
+    if not len(frame):
+        return row, cov
+    gs, ge = g["start"].to_numpy(dtype=float), g["end"].to_numpy(dtype=float)
+    for tid in np.unique(tids[tids >= 0]):
+        sel = np.flatnonzero(tids == tid)
+        f = frame[frame["tid"] == tid].sort_values("ts", kind="stable")
+        if f.empty:
+            continue
+        fs, fe = f["ts"].to_numpy(), f["end"].to_numpy()
+        reach = np.maximum.accumulate(fe)  # an event overlaps [gs, ge] only past the first reaching gs
+        q, idx = _pairs(np.searchsorted(reach, gs[sel], side="right"), np.searchsorted(fs, ge[sel], side="left"))
+        if not len(q):
+            continue
+        c = np.maximum(np.minimum(fe[idx], ge[sel][q]) - np.maximum(fs[idx], gs[sel][q]), 0.0)
+        order = np.lexsort((-c, q))
+        best = order[np.r_[True, q[order][1:] != q[order][:-1]]]
+        gi = sel[q[best]]
+        row[gi], cov[gi] = f.index.to_numpy()[idx[best]], c[best]
+    return row, cov
 
 
 def classify_gaps(r: RankResult) -> pd.DataFrame:
-    """Each idle gap with one cause, so the host-side analyzers never share a gap:
+    """Each idle gap with one cause, so the host-side analyzers never share a gap. In order of
+    precedence:
 
+    * ``input``: the host was inside a DataLoader span during a gap it ended late;
+    * ``alloc``: an allocator call (``cudaFree``, ``hipMalloc``...) returned inside the gap or
+      covers half of it (and the refill gaps after one, as for ``sync``), where such calls recur
+      in at least half of the steps (a pool that grows once, in warm-up, is not churn);
+    * ``graph``: a gap between two kernels of one graph replay (GPU-side; no host fix);
+    * ``stall``: one gap holding ``STALL_STEP_SHARE`` of its step, mostly inside one op or call;
+    * ``host_work``: a late gap that the launching thread spent mostly outside every op driving
+      the GPU, in one stretch of at least ``HOST_WORK_MIN_US`` (user Python, CPU preprocessing);
     * ``sync``: a synchronising call (``.item()``, ``.cpu()``, ``synchronize``) returned inside
       the gap: the GPU drained its queue and waits for the host to refill it; and the launch
       gaps that follow such a call until the host is ahead of the GPU again (some kernel queued
-      before the previous one ended), since without the sync the host would still be ahead;
-    * ``input``: the host was inside a DataLoader span during the gap;
+      before the previous one ended), since without the sync the host would still be ahead.
+      Calls made inside a DataLoader span (pinning, collation) do not count;
     * ``launch``: the next kernel was launched only after the gap began: the host could not
       launch fast enough;
     * ``other``: the next work was already queued (dependencies, events across streams).
+
+    Extra columns: ``call_row``/``call_us`` and ``op_row``/``op_us`` (the runtime call and the
+    top-level op on the launching thread covering most of the gap, rows or -1, and µs covered),
+    ``launch_tid``, and the :func:`host_outside_ops` columns.
     """
     t = r.trace
     g = gaps(r)
     if g.empty:
         return g.assign(cause=pd.Series(dtype=object))
+    gs, ge, dur = g["start"].to_numpy(dtype=float), g["end"].to_numpy(dtype=float), g["dur"].to_numpy(dtype=float)
     cause = np.full(len(g), "other", dtype=object)
-    late = ~(g["next_launch_ts"].to_numpy() <= g["start"].to_numpy())
+    late = ~(g["next_launch_ts"].to_numpy() <= gs)
     cause[late] = "launch"
+    is_k = (g["next_kind"] == "kernel").to_numpy()
+    nxt = g["next_row"].to_numpy().astype(np.int64)
+    k_tid = t.kernels["launch_tid"].to_numpy() if len(t.kernels) else np.zeros(0, dtype=np.int64)
+    m_tid = t.memcpys["launch_tid"].to_numpy() if len(t.memcpys) else np.zeros(0, dtype=np.int64)
+    tids = np.where(is_k, k_tid[np.where(is_k, nxt, 0)] if len(k_tid) else -1,
+                    m_tid[np.where(is_k, 0, nxt)] if len(m_tid) else -1).astype(np.int64)
+
     cpu = t.annotations[~t.annotations["on_gpu"]]
     spans = pd.concat([cpu[["name", "ts", "end"]], t.ops.loc[t.ops["depth"] == 0, ["name", "ts", "end"]]])
-    loader = spans[spans["name"].astype(str).str.contains(_LOADER)]
-    if len(loader):
-        ls, le = np.sort(loader["ts"].to_numpy()), loader["end"].to_numpy()[np.argsort(loader["ts"].to_numpy())]
-        k = np.searchsorted(ls, g["end"].to_numpy(), side="right") - 1
-        kk = np.maximum(k, 0)
-        inside = (k >= 0) & (le[kk] > g["start"].to_numpy())
-        cause[inside & late] = "input"
+    loader = spans[spans["name"].astype(str).str.contains(_LOADER)].sort_values("ts", kind="stable")
+    ls, le = loader["ts"].to_numpy(), loader["end"].to_numpy()
+    in_loader = _spans_in(ls, le, gs, ge) if len(loader) else np.zeros(len(g), dtype=bool)
+
     rt = t.runtime
-    syncs = rt[rt["name"].astype(str).isin(SYNC_CALLS)]
-    if len(syncs):
-        se = np.sort(syncs["end"].to_numpy())
-        lo = np.searchsorted(se, g["start"].to_numpy(), side="left")
-        hi = np.searchsorted(se, g["end"].to_numpy(), side="right")
-        drained = hi > lo
-        # Refill gaps: launch gaps after the latest sync with no backlog regained in between.
-        acts = pd.concat([t.kernels[["ts", "end", "launch_ts"]], t.memcpys[["ts", "end", "launch_ts"]]]
-                         ).sort_values("ts", kind="stable")
-        nxt = acts["launch_ts"].shift(-1).to_numpy()
-        ahead = np.sort(acts["end"].to_numpy()[nxt <= acts["end"].to_numpy()])
-        last_sync = np.where(lo > 0, se[np.maximum(lo - 1, 0)], -np.inf)
-        regained = np.searchsorted(ahead, g["start"].to_numpy()) - np.searchsorted(ahead, last_sync)
-        refill = (cause == "launch") & (lo > 0) & (regained == 0)
-        cause[drained | refill] = "sync"
-    return g.assign(cause=cause)
+    names = rt["name"].astype(object)
+    syncs = rt[names.isin(SYNC_CALLS).to_numpy()]
+    if len(syncs) and len(loader):  # a sync made by the DataLoader is part of the input stall
+        s_ts = syncs["ts"].to_numpy()
+        syncs = syncs[~_spans_in(ls, le, s_ts, syncs["end"].to_numpy())]
+    allocs = rt[names.isin(ALLOC_CALLS).to_numpy()]
+    n_steps = int((t.steps["step"] >= 0).sum()) if len(t.steps) else 0
+    if n_steps >= 2 and allocs.loc[allocs["step"] >= 0, "step"].nunique() < 0.5 * n_steps:
+        allocs = allocs.iloc[:0]  # a pool growing once (warm-up) is not churn: its gaps keep their other cause
+    acts = pd.concat([t.kernels[["ts", "end", "launch_ts"]], t.memcpys[["ts", "end", "launch_ts"]]]
+                     ).sort_values("ts", kind="stable")
+    nxt_launch = acts["launch_ts"].shift(-1).to_numpy()
+    ahead = np.sort(acts["end"].to_numpy()[nxt_launch <= acts["end"].to_numpy()])
+
+    def drained_by(calls: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        """Gaps inside which one of ``calls`` returned, and the launch gaps refilling after one."""
+        if not len(calls):
+            z = np.zeros(len(g), dtype=bool)
+            return z, np.full(len(g), -np.inf)
+        se = np.sort(calls["end"].to_numpy())
+        lo = np.searchsorted(se, gs, side="left")
+        hi = np.searchsorted(se, ge, side="right")
+        last = np.where(lo > 0, se[np.maximum(lo - 1, 0)], -np.inf)
+        regained = np.searchsorted(ahead, gs) - np.searchsorted(ahead, last)
+        refill = late & (lo > 0) & (regained == 0)
+        return (hi > lo) | refill, np.where(hi > lo, se[np.maximum(hi - 1, 0)], last)
+
+    sync_hit, sync_last = drained_by(syncs)
+    alloc_hit, alloc_last = drained_by(allocs)
+    alloc_cov = covered(allocs["ts"].to_numpy(), allocs["end"].to_numpy(), gs, ge) if len(allocs) else 0 * gs
+    # Where both a sync and an allocator call drained the queue, the later one left the GPU idle.
+    alloc_gap = (alloc_hit & (~sync_hit | (alloc_last >= sync_last))) | (alloc_cov >= 0.5 * dur)
+
+    prev = g["prev_row"].to_numpy().astype(np.int64)
+    graph = np.zeros(len(g), dtype=bool)
+    if len(t.kernels):
+        ig = in_graph(t.kernels)
+        corr = t.kernels["correlation"].to_numpy()
+        both = is_k & (g["prev_kind"] == "kernel").to_numpy() & (prev >= 0)
+        pk, nk = np.where(both, prev, 0), np.where(both, nxt, 0)
+        graph = both & ig[pk] & ig[nk] & (corr[pk] == corr[nk])
+
+    call_row, call_us = _longest_on_thread(t.runtime, g, tids)
+    op_row, op_us = _longest_on_thread(t.ops[t.ops["depth"] == 0] if len(t.ops) else t.ops, g, tids)
+    step_time = t.steps.set_index("step")["time"] if "time" in t.steps.columns else pd.Series(dtype=float)
+    st = g["step"].map(step_time).fillna(0.0).to_numpy(dtype=float)
+    stall = (dur >= np.maximum(STALL_MIN_US, STALL_STEP_SHARE * st)) & (np.maximum(call_us, op_us) >= 0.5 * dur)
+
+    outside = host_outside_ops(t, g)
+    work = late & (outside["longest_us"].to_numpy() >= np.maximum(HOST_WORK_MIN_US, 0.5 * dur))
+
+    cause[sync_hit] = "sync"
+    cause[work] = "host_work"
+    cause[stall] = "stall"
+    cause[graph] = "graph"
+    cause[alloc_gap] = "alloc"
+    cause[in_loader & late] = "input"
+    return g.assign(cause=cause, call_row=call_row, call_us=call_us, op_row=op_row, op_us=op_us, launch_tid=tids, **{c: outside[c].to_numpy() for c in outside.columns})
+
+
+def outermost_aten(ops: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """For each op row, the outermost op of the chain of ``aten::`` ops it is nested in (itself if
+    it is not an aten op): the user-facing call (``aten::item`` over ``aten::_local_scalar_dense``).
+    Vectorised: one pass per nesting level."""
+    cur = np.asarray(rows, dtype=np.int64).copy()
+    if not len(cur):
+        return cur
+    names = ops["name"].astype("category")
+    aten = np.array([str(c).startswith("aten::") for c in names.cat.categories], dtype=bool)
+    is_aten = aten[names.cat.codes.to_numpy()] if len(aten) else np.zeros(len(ops), dtype=bool)
+    parent = ops["parent"].to_numpy().astype(np.int64)
+    active = is_aten[cur]
+    while active.any():
+        p = parent[cur]
+        ok = active & (p >= 0)
+        ok[ok] = is_aten[p[ok]]
+        cur[ok] = p[ok]
+        active = ok
+    return cur
 
 
 def gap_units(rank: int, g: pd.DataFrame, saved_us: pd.Series | np.ndarray | None = None) -> dict[Unit, float]:
