@@ -300,25 +300,22 @@ def host_outside_ops(t: RankTrace, g: pd.DataFrame) -> pd.DataFrame:
     if not n or not len(ops):
         return pd.DataFrame(out, index=g.index)
     gs, ge = g["start"].to_numpy(dtype=float), g["end"].to_numpy(dtype=float)
-    top = ops[ops["depth"] == 0]
-    drives = np.zeros(len(top), dtype=bool)
-    for tid in np.unique(top["tid"].to_numpy()):  # top-level ops of one thread do not overlap
-        m = (top["tid"] == tid).to_numpy()
-        o = top[m]
-        order = np.argsort(o["ts"].to_numpy(), kind="stable")
-        ots, oen = o["ts"].to_numpy()[order], o["end"].to_numpy()[order]
-        rts = np.sort(rt.loc[rt["tid"] == tid, "ts"].to_numpy())
+    ots_all, oen_all, otid, orows = _cols(ops, (ops["depth"] == 0).to_numpy())
+    rts_all, _, rtid, _ = _cols(rt)
+    drives = np.zeros(len(ots_all), dtype=bool)
+    for tid in np.unique(otid):  # top-level ops of one thread do not overlap
+        m = np.flatnonzero(otid == tid)
+        m = m[np.argsort(ots_all[m], kind="stable")]
+        ots, oen = ots_all[m], oen_all[m]
+        rts = np.sort(rts_all[rtid == tid])
         k = np.searchsorted(ots, rts, side="right") - 1
         inside = (k >= 0) & (rts < oen[np.maximum(k, 0)])
-        hit = np.zeros(len(o), dtype=bool)
-        hit[order[np.unique(k[inside])]] = True
-        drives[np.flatnonzero(m)] = hit
-    d = top[drives]
+        drives[m[np.unique(k[inside])]] = True
     a = t.annotations
-    opt = a[~a["on_gpu"] & a["name"].astype(str).str.match(r"Optimizer\.(step|zero_grad)#")]
-    starts = np.r_[d["ts"].to_numpy(), opt["ts"].to_numpy()]
-    ends = np.r_[d["end"].to_numpy(), opt["end"].to_numpy()]
-    rows = np.r_[d.index.to_numpy(), np.full(len(opt), -1)]
+    opt = ~a["on_gpu"].to_numpy(dtype=bool) & name_mask(a["name"], r"^Optimizer\.(?:step|zero_grad)#")
+    starts = np.r_[ots_all[drives], a["ts"].to_numpy()[opt]]
+    ends = np.r_[oen_all[drives], a["end"].to_numpy()[opt]]
+    rows = np.r_[orows[drives], np.full(int(opt.sum()), -1)]
     order = np.argsort(starts, kind="stable")
     us, ue, first, ender = _union(starts[order], ends[order])
     rows = rows[order]
@@ -339,6 +336,18 @@ def host_outside_ops(t: RankTrace, g: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, index=g.index)
 
 
+def name_mask(names: pd.Series, pattern: str | None = None, among: Iterable[str] = ()) -> np.ndarray:
+    """Which names match ``pattern`` (a regex searched) or are ``among`` the given ones, decided
+    once per distinct name (name columns are categorical: thousands of rows, tens of names)."""
+    cat = names.astype("category")
+    cats = pd.Series(cat.cat.categories.astype(str))
+    hit = cats.isin(list(among)).to_numpy().copy()
+    if pattern is not None:
+        hit |= cats.str.contains(pattern, regex=True).to_numpy()
+    codes = cat.cat.codes.to_numpy()
+    return hit[codes] & (codes >= 0) if len(hit) else np.zeros(len(names), dtype=bool)
+
+
 def _spans_in(starts: np.ndarray, ends: np.ndarray, gs: np.ndarray, ge: np.ndarray) -> np.ndarray:
     """Whether some span (sorted by start) overlaps each interval [gs, ge]: the last span starting
     before ge ends after gs. Exact for spans that do not nest, as DataLoader spans do not."""
@@ -346,20 +355,32 @@ def _spans_in(starts: np.ndarray, ends: np.ndarray, gs: np.ndarray, ge: np.ndarr
     return (k >= 0) & (ends[np.maximum(k, 0)] > gs)
 
 
-def _longest_on_thread(frame: pd.DataFrame, g: pd.DataFrame, tids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per gap, the event of ``frame`` on the launching thread that covers most of it: (row, µs
-    covered), -1/0 where none. All (gap, event) overlaps are expanded at once, per thread."""
+def _cols(frame: pd.DataFrame, mask: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+    """ts, end, tid and row of a frame's events (optionally only where ``mask``), as arrays: the
+    frames carry wide object columns that a row filter would copy for nothing."""
+    ts, en = frame["ts"].to_numpy(dtype=float), frame["end"].to_numpy(dtype=float)
+    tid, rows = frame["tid"].to_numpy(), frame.index.to_numpy()
+    if mask is None:
+        return ts, en, tid, rows
+    return ts[mask], en[mask], tid[mask], rows[mask]
+
+
+def _longest_on_thread(ev: tuple[np.ndarray, ...], g: pd.DataFrame, tids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per gap, the event of ``ev`` (``_cols``) on the launching thread that covers most of it:
+    (row, µs covered), -1/0 where none. All (gap, event) overlaps are expanded at once, per thread."""
     n = len(g)
     row, cov = np.full(n, -1, dtype=np.int64), np.zeros(n)
-    if not len(frame):
+    ts, en, tid_all, rows_all = ev
+    if not len(ts):
         return row, cov
     gs, ge = g["start"].to_numpy(dtype=float), g["end"].to_numpy(dtype=float)
     for tid in np.unique(tids[tids >= 0]):
         sel = np.flatnonzero(tids == tid)
-        f = frame[frame["tid"] == tid].sort_values("ts", kind="stable")
-        if f.empty:
+        m = np.flatnonzero(tid_all == tid)
+        if not len(m):
             continue
-        fs, fe = f["ts"].to_numpy(), f["end"].to_numpy()
+        m = m[np.argsort(ts[m], kind="stable")]
+        fs, fe = ts[m], en[m]
         reach = np.maximum.accumulate(fe)  # an event overlaps [gs, ge] only past the first reaching gs
         q, idx = _pairs(np.searchsorted(reach, gs[sel], side="right"), np.searchsorted(fs, ge[sel], side="left"))
         if not len(q):
@@ -368,7 +389,7 @@ def _longest_on_thread(frame: pd.DataFrame, g: pd.DataFrame, tids: np.ndarray) -
         order = np.lexsort((-c, q))
         best = order[np.r_[True, q[order][1:] != q[order][:-1]]]
         gi = sel[q[best]]
-        row[gi], cov[gi] = f.index.to_numpy()[idx[best]], c[best]
+        row[gi], cov[gi] = rows_all[m[idx[best]]], c[best]
     return row, cov
 
 
@@ -412,19 +433,20 @@ def classify_gaps(r: RankResult) -> pd.DataFrame:
     tids = np.where(is_k, k_tid[np.where(is_k, nxt, 0)] if len(k_tid) else -1,
                     m_tid[np.where(is_k, 0, nxt)] if len(m_tid) else -1).astype(np.int64)
 
-    cpu = t.annotations[~t.annotations["on_gpu"]]
-    spans = pd.concat([cpu[["name", "ts", "end"]], t.ops.loc[t.ops["depth"] == 0, ["name", "ts", "end"]]])
-    loader = spans[spans["name"].astype(str).str.contains(_LOADER)].sort_values("ts", kind="stable")
-    ls, le = loader["ts"].to_numpy(), loader["end"].to_numpy()
-    in_loader = _spans_in(ls, le, gs, ge) if len(loader) else np.zeros(len(g), dtype=bool)
+    an, ops = t.annotations, t.ops
+    a_m = ~an["on_gpu"].to_numpy(dtype=bool) & name_mask(an["name"], _LOADER)
+    o_m = (ops["depth"] == 0).to_numpy() & name_mask(ops["name"], _LOADER)
+    ls = np.r_[an["ts"].to_numpy()[a_m], ops["ts"].to_numpy()[o_m]]
+    le = np.r_[an["end"].to_numpy()[a_m], ops["end"].to_numpy()[o_m]]
+    o = np.argsort(ls, kind="stable")
+    ls, le = ls[o], le[o]
+    in_loader = _spans_in(ls, le, gs, ge) if len(ls) else np.zeros(len(g), dtype=bool)
 
-    rt = t.runtime
-    names = rt["name"].astype(object)
-    syncs = rt[names.isin(SYNC_CALLS).to_numpy()]
-    if len(syncs) and len(loader):  # a sync made by the DataLoader is part of the input stall
-        s_ts = syncs["ts"].to_numpy()
-        syncs = syncs[~_spans_in(ls, le, s_ts, syncs["end"].to_numpy())]
-    allocs = rt[names.isin(ALLOC_CALLS).to_numpy()]
+    rt = t.runtime[["name", "ts", "end", "step"]]
+    syncs = rt[name_mask(rt["name"], among=SYNC_CALLS)]
+    if len(syncs) and len(ls):  # a sync made by the DataLoader is part of the input stall
+        syncs = syncs[~_spans_in(ls, le, syncs["ts"].to_numpy(), syncs["end"].to_numpy())]
+    allocs = rt[name_mask(rt["name"], among=ALLOC_CALLS)]
     n_steps = int((t.steps["step"] >= 0).sum()) if len(t.steps) else 0
     if n_steps >= 2 and allocs.loc[allocs["step"] >= 0, "step"].nunique() < 0.5 * n_steps:
         allocs = allocs.iloc[:0]  # a pool growing once (warm-up) is not churn: its gaps keep their other cause
@@ -461,8 +483,8 @@ def classify_gaps(r: RankResult) -> pd.DataFrame:
         pk, nk = np.where(both, prev, 0), np.where(both, nxt, 0)
         graph = both & ig[pk] & ig[nk] & (corr[pk] == corr[nk])
 
-    call_row, call_us = _longest_on_thread(t.runtime, g, tids)
-    op_row, op_us = _longest_on_thread(t.ops[t.ops["depth"] == 0] if len(t.ops) else t.ops, g, tids)
+    call_row, call_us = _longest_on_thread(_cols(t.runtime), g, tids)
+    op_row, op_us = _longest_on_thread(_cols(t.ops, (t.ops["depth"] == 0).to_numpy()), g, tids)
     step_time = t.steps.set_index("step")["time"] if "time" in t.steps.columns else pd.Series(dtype=float)
     st = g["step"].map(step_time).fillna(0.0).to_numpy(dtype=float)
     stall = (dur >= np.maximum(STALL_MIN_US, STALL_STEP_SHARE * st)) & (np.maximum(call_us, op_us) >= 0.5 * dur)

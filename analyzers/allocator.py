@@ -17,7 +17,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-from gpuprof.analyzers._base import ALLOC_CALLS, Candidate, gap_units, graph_capture_calls, ms, outermost_aten, views
+from gpuprof.analyzers._base import (
+    ALLOC_CALLS,
+    Candidate,
+    gap_units,
+    graph_capture_calls,
+    ms,
+    name_mask,
+    outermost_aten,
+    views,
+)
 
 if TYPE_CHECKING:
     from gpuprof.api import Analysis
@@ -31,7 +40,7 @@ def run(analysis: Analysis) -> list[Candidate]:
             continue
         t = v.trace
         rt = t.runtime
-        calls = rt[rt["name"].astype(object).isin(ALLOC_CALLS).to_numpy() & (rt["step"] >= 0).to_numpy()]
+        calls = rt[name_mask(rt["name"], among=ALLOC_CALLS) & (rt["step"] >= 0).to_numpy()]
         apis = calls.groupby(calls["name"].astype(object))["dur"].agg(["size", "sum"]).sort_values("sum", ascending=False)
         ops = t.ops
         in_op = np.zeros(len(calls), dtype=bool)

@@ -31,6 +31,7 @@ from gpuprof.analyzers._base import (
     graph_capture_calls,
     in_graph,
     ms,
+    name_mask,
     outermost_aten,
     views,
 )
@@ -192,7 +193,7 @@ def host_sync(analysis: Analysis) -> list[Candidate]:
         if g.empty:
             continue
         t = v.trace
-        rt = t.runtime[(t.runtime["name"].astype(object).isin(SYNC_CALLS)).to_numpy() & (t.runtime["step"] >= 0).to_numpy()]
+        rt = t.runtime[name_mask(t.runtime["name"], among=SYNC_CALLS) & (t.runtime["step"] >= 0).to_numpy()]
         ev = _common(v, g)
         ev["sync_calls_per_step"] = round(len(rt) / v.n_steps, 1)
         ev["syncing_ops"] = {str(k): int(n) for k, n in _syncing_ops(v, rt).head(6).items()}
