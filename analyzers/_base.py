@@ -267,9 +267,11 @@ def covered(starts: np.ndarray, ends: np.ndarray, qs: np.ndarray, qe: np.ndarray
     def upto(x: np.ndarray) -> np.ndarray:
         j = np.searchsorted(us, x, side="right") - 1  # the last piece starting at or before x
         jj = np.maximum(j, 0)
-        return np.where(j >= 0, cum[jj] + np.minimum(x, ue[jj]) - us[jj], 0.0)
+        v: np.ndarray = np.where(j >= 0, cum[jj] + np.minimum(x, ue[jj]) - us[jj], 0.0)
+        return v
 
-    return np.maximum(upto(np.asarray(qe, dtype=float)) - upto(np.asarray(qs, dtype=float)), 0.0)
+    out: np.ndarray = np.maximum(upto(np.asarray(qe, dtype=float)) - upto(np.asarray(qs, dtype=float)), 0.0)
+    return out
 
 
 def _pairs(a_lo: np.ndarray, a_hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -499,6 +501,63 @@ def classify_gaps(r: RankResult) -> pd.DataFrame:
     cause[alloc_gap] = "alloc"
     cause[in_loader & late] = "input"
     return g.assign(cause=cause, call_row=call_row, call_us=call_us, op_row=op_row, op_us=op_us, launch_tid=tids, **{c: outside[c].to_numpy() for c in outside.columns})
+
+
+#: Python frames that are not the user's code: builtins, torch, installed packages, the standard
+#: library, and the per-module events the profiler adds.
+_LIB_FRAME = r"^<built-in|^<frozen|^torch/|site-packages/|dist-packages/|/lib/python3|^nn\.Module: |^Optimizer\.|" \
+             r"^(?:threading|contextlib|functools|abc|typing)\.py\("
+
+
+def python_frames(t: RankTrace, tids: np.ndarray, times: np.ndarray, outer: int = 0) -> np.ndarray:
+    """Per (thread, time), the innermost frame of the user's own Python code running there
+    (``file.py(line): function`` of a ``with_stack=True`` trace; None without stacks or outside
+    user code); with ``outer`` > 0, rows of ``t.python`` instead: that frame and its user-code
+    callers, ``outer + 1`` columns, -1 where none. Vectorised: one pass per nesting level."""
+    from gpuprof.trace.links import nest
+
+    n = len(times)
+    py = getattr(t, "python", None)
+    if py is None or not len(py) or not n:
+        return np.full((n, outer + 1), -1, dtype=np.int64) if outer else np.full(n, None, dtype=object)
+    _, parent = nest(py[["ts", "dur", "end", "tid"]].assign(pid=0))  # frames of one process
+    ts, en, tid = py["ts"].to_numpy(dtype=float), py["end"].to_numpy(dtype=float), py["tid"].to_numpy()
+    user = ~name_mask(py["name"], _LIB_FRAME)
+    x = np.asarray(times, dtype=float)
+    cur = np.full(n, -1, dtype=np.int64)
+    for th in np.unique(tids):
+        sel = np.flatnonzero(tids == th)
+        m = np.flatnonzero(tid == th)
+        if not len(m):
+            continue
+        m = m[np.argsort(ts[m], kind="stable")]
+        k = np.searchsorted(ts[m], x[sel], side="right") - 1
+        cur[sel] = np.where(k >= 0, m[np.maximum(k, 0)], -1)
+
+    def climb(c: np.ndarray) -> np.ndarray:
+        # the latest frame started before x: its first ancestor holding x that is user code
+        c = c.copy()
+        while True:
+            ok = c >= 0
+            cc = np.maximum(c, 0)
+            need = ok & ~((ts[cc] <= x) & (en[cc] > x) & user[cc])
+            if not need.any():
+                return c
+            c[need] = parent[c[need]]
+
+    cur = climb(cur)
+    if not outer:
+        names = py["name"].astype(object).to_numpy()
+        found = np.full(n, None, dtype=object)
+        found[cur >= 0] = names[cur[cur >= 0]]
+        return found
+    out = np.full((n, outer + 1), -1, dtype=np.int64)
+    out[:, 0] = cur
+    for i in range(1, outer + 1):
+        up = np.where(cur >= 0, parent[np.maximum(cur, 0)], -1)
+        cur = climb(up)
+        out[:, i] = cur
+    return out
 
 
 def outermost_aten(ops: pd.DataFrame, rows: np.ndarray) -> np.ndarray:

@@ -33,6 +33,7 @@ from gpuprof.analyzers._base import (
     ms,
     name_mask,
     outermost_aten,
+    python_frames,
     views,
 )
 
@@ -58,8 +59,11 @@ def _common(v: RankView, g: pd.DataFrame) -> dict[str, Any]:
 def _name(frame: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     """Names of the given rows of ``frame`` (None where the row is -1)."""
     names = frame["name"].astype(object).to_numpy()
-    rows = np.asarray(rows, dtype=np.int64)
-    return np.where(rows >= 0, names[np.maximum(rows, 0)] if len(names) else None, None)
+    r = np.asarray(rows, dtype=np.int64)
+    out = np.full(len(r), None, dtype=object)
+    ok = r >= 0
+    out[ok] = names[r[ok]]
+    return out
 
 
 def input_pipeline(analysis: Analysis) -> list[Candidate]:
@@ -110,14 +114,27 @@ def host_work(analysis: Analysis) -> list[Candidate]:
         by = where.groupby(["after", "before"], sort=False).agg(us=("us", "sum"), n=("us", "size"),
                                                                  start=("start", "first"), end=("end", "first"))
         by = by.sort_values("us", ascending=False).head(5)
+        # Python frames at the middle of each stretch, on the thread that launched what ended it
+        lo = np.maximum(by["start"].to_numpy(dtype=float), g["start"].min())
+        hi = np.minimum(by["end"].to_numpy(dtype=float), g["end"].max())
+        tid = np.full(len(by), int(np.bincount(np.maximum(g["launch_tid"].to_numpy(dtype=np.int64), 0)).argmax()))
+        frames = python_frames(v.trace, tid, (lo + hi) / 2, outer=3)
+        py_names = v.trace.python["name"].astype(object).to_numpy()
         stretches = []
-        for (after, before), row in by.iterrows():  # the few distinct stretches, not events
-            span = _covering_annotation(v, max(float(row["start"]), -1e300), min(float(row["end"]), 1e300))
-            stretches.append({"after_op": after, "before_op": before, "ms_per_step": round(ms(row["us"]) / v.n_steps, 3),
-                              "times": int(row["n"]), "inside_annotation": span})
+        keys = list(by.index)
+        us_, n_ = by["us"].to_numpy(dtype=float), by["n"].to_numpy(dtype=np.int64)
+        for i in range(len(by)):  # the few distinct stretches, not events
+            after, before = keys[i]
+            span = _covering_annotation(v, float(lo[i]), float(hi[i]))
+            stack = [str(py_names[f]) for f in frames[i] if f >= 0]
+            stretches.append({"after_op": str(after), "before_op": str(before),
+                              "ms_per_step": round(ms(float(us_[i])) / v.n_steps, 3), "times": int(n_[i]),
+                              "inside_annotation": span, "python_frames": stack})
         top = stretches[0]
         what = f"`{top['inside_annotation']}`" if top["inside_annotation"] else \
             f"between `{top['after_op']}` and `{top['before_op']}`"
+        if top["python_frames"]:
+            what += f" in `{top['python_frames'][0]}`"
         ev = _common(v, g)
         ev["stretches"] = stretches
         ev["host_ms_per_step_outside_gpu_ops"] = round(ms(g["outside_us"].sum()) / v.n_steps, 3)
@@ -198,7 +215,11 @@ def host_sync(analysis: Analysis) -> list[Candidate]:
         ev["sync_calls_per_step"] = round(len(rt) / v.n_steps, 1)
         ev["syncing_ops"] = {str(k): int(n) for k, n in _syncing_ops(v, rt).head(6).items()}
         ev["sync_apis"] = {str(k): int(n) for k, n in rt["name"].astype(object).value_counts().items()}
+        sites = pd.Series(python_frames(t, rt["tid"].to_numpy(), rt["ts"].to_numpy()), dtype=object).value_counts()
+        ev["call_sites"] = {str(k): int(n) for k, n in sites.head(6).items()}  # with_stack traces only
         top = next(iter(ev["syncing_ops"]), "a synchronising call")
+        if ev["call_sites"]:
+            top = f"{top} at {next(iter(ev['call_sites']))}"
         out.append(Candidate(
             id="GP-SYNC-001", category="host_sync",
             title=f"{len(rt) / v.n_steps:.0f} host syncs per step ({top}) drain the GPU queue",
@@ -206,7 +227,8 @@ def host_sync(analysis: Analysis) -> list[Candidate]:
             recommendation=f"Remove the per-step synchronisation ({top}): keep values on the GPU (accumulate "
                            "metrics as tensors and call `.item()` once every N steps), avoid data-dependent "
                            "shapes (`nonzero`, boolean indexing) in the step, and drop explicit "
-                           "`torch.cuda.synchronize()`. With `with_stack=True` the trace names the call site.",
+                           "`torch.cuda.synchronize()`."
+                           + ("" if ev["call_sites"] else " With `with_stack=True` the trace names the call site."),
             units=gap_units(v.rank, g, g["real_dur"]), evidence=ev))
     return out
 

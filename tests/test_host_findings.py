@@ -158,3 +158,32 @@ def test_host_sync_is_vectorised() -> None:
     c = host_gaps.host_sync(a)
     assert time.perf_counter() - t0 < 0.5
     assert next(iter(c[0].evidence["syncing_ops"])) == "aten::item"
+
+
+@pytest.mark.parametrize("rel", ["tracelens/h100__Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz",
+                                 "tracelens/mi300__gaunernst_bert-small-uncased__1016001.json.gz"])
+def test_host_sync_names_the_python_call_site(rel: str) -> None:
+    """with_stack traces (HF Qwen on an H100, HF BERT on an MI300X): the sync is named by the
+    user-code frame around it (transformers' mask preparation), not only by its aten op."""
+    a = gpuprof.analyze(public(rel))
+    f = next(x for x in a.findings if x.category == "host_sync")
+    sites = f.evidence["call_sites"]
+    assert any("modeling_attn_mask_utils.py(" in s for s in sites), sites
+    assert all(not s.startswith(("torch/", "<built-in")) for s in sites)
+    assert " at " in f.title and "names the call site" not in f.recommendation
+
+
+def test_python_frames_name_host_work(tmp_path: Path) -> None:
+    """SYNTHETIC with_stack trace: the Python stretch is named by its innermost user frame."""
+    b = _python_in_loop(TraceBuilder(), 5000.0)
+    for s in range(3):
+        t = s * 5400.0
+        b._x("python_function", "train.py(40): main", t - 50, 5350, 10, 1, {})  # starts before any op
+        b._x("python_function", "data.py(12): tokenize", t + 100, 4800, 10, 1, {})
+        b._x("python_function", "<built-in method encode of Tokenizer object>", t + 200, 4000, 10, 1, {})
+    b.top["with_stack"] = 1
+    a = gpuprof.analyze(b.write(tmp_path / "s.json"), cache=False)
+    assert a.ranks[0].trace.meta.t0_epoch_ns == b.base_ns + int(b.offset * 1000)  # frames never move the origin
+    f = a.findings[0]
+    assert f.id == "GP-INPUT-002" and "data.py(12): tokenize" in f.title
+    assert f.evidence["stretches"][0]["python_frames"] == ["data.py(12): tokenize", "train.py(40): main"]
