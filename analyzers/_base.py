@@ -410,8 +410,10 @@ def classify_gaps(r: RankResult) -> pd.DataFrame:
     * ``sync``: a synchronising call (``.item()``, ``.cpu()``, ``synchronize``) returned inside
       the gap: the GPU drained its queue and waits for the host to refill it; and the launch
       gaps that follow such a call until the host is ahead of the GPU again (some kernel queued
-      before the previous one ended), since without the sync the host would still be ahead.
-      Calls made inside a DataLoader span (pinning, collation) do not count;
+      before the previous one ended), since without the sync the host would still be ahead
+      (the trace's host is slowed by the profiler: behind in the trace is not behind for real).
+      Calls made inside a DataLoader span (pinning, collation), or with nothing in flight when
+      their op began (a ``synchronize()`` before the step's first launch), do not count;
     * ``launch``: the next kernel was launched only after the gap began: the host could not
       launch fast enough;
     * ``other``: the next work was already queued (dependencies, events across streams).
@@ -444,7 +446,7 @@ def classify_gaps(r: RankResult) -> pd.DataFrame:
     ls, le = ls[o], le[o]
     in_loader = _spans_in(ls, le, gs, ge) if len(ls) else np.zeros(len(g), dtype=bool)
 
-    rt = t.runtime[["name", "ts", "end", "step"]]
+    rt = t.runtime[["name", "ts", "end", "step", "external_id"]]
     syncs = rt[name_mask(rt["name"], among=SYNC_CALLS)]
     if len(syncs) and len(ls):  # a sync made by the DataLoader is part of the input stall
         syncs = syncs[~_spans_in(ls, le, syncs["ts"].to_numpy(), syncs["end"].to_numpy())]
@@ -457,8 +459,31 @@ def classify_gaps(r: RankResult) -> pd.DataFrame:
     nxt_launch = acts["launch_ts"].shift(-1).to_numpy()
     ahead = np.sort(acts["end"].to_numpy()[nxt_launch <= acts["end"].to_numpy()])
 
+    e_order = np.argsort(acts["end"].to_numpy(), kind="stable")
+    by_end = acts["end"].to_numpy()[e_order]
+    launch_min_by_end = np.minimum.accumulate(acts["launch_ts"].fillna(np.inf).to_numpy()[e_order][::-1])[::-1]
+    op_ext = ops["external_id"].to_numpy()
+    op_order = np.argsort(op_ext, kind="stable")
+    op_sorted = op_ext[op_order]
+
+    def op_start_of(ext: np.ndarray) -> np.ndarray:
+        """Start of the user-facing op (outermost aten op) a runtime call belongs to; inf if none."""
+        if not len(op_sorted):
+            return np.full(len(ext), np.inf)
+        pos = np.clip(np.searchsorted(op_sorted, ext), 0, len(op_sorted) - 1)
+        hit = (op_sorted[pos] == ext) & (ext >= 0)
+        out = np.full(len(ext), np.inf)
+        out[hit] = ops["ts"].to_numpy()[outermost_aten(ops, op_order[pos[hit]])]
+        return out
+
     def drained_by(calls: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
         """Gaps inside which one of ``calls`` returned, and the launch gaps refilling after one."""
+        if len(calls) and len(acts):
+            # A call drains something only if work launched before it returned was still in flight
+            # when its op began (a synchronize() before the step's first launch waits for nothing).
+            ref = np.minimum(calls["ts"].to_numpy(), op_start_of(calls["external_id"].to_numpy()))
+            j = np.searchsorted(by_end, ref, side="right")
+            calls = calls[(j < len(by_end)) & (launch_min_by_end[np.minimum(j, len(by_end) - 1)] < calls["end"].to_numpy())]
         if not len(calls):
             z = np.zeros(len(g), dtype=bool)
             return z, np.full(len(g), -np.inf)
@@ -468,7 +493,7 @@ def classify_gaps(r: RankResult) -> pd.DataFrame:
         last = np.where(lo > 0, se[np.maximum(lo - 1, 0)], -np.inf)
         regained = np.searchsorted(ahead, gs) - np.searchsorted(ahead, last)
         refill = late & (lo > 0) & (regained == 0)
-        return (hi > lo) | refill, np.where(hi > lo, se[np.maximum(hi - 1, 0)], last)
+        return (hi > lo) | refill, np.where(hi > lo, se[np.maximum(hi - 1, 0)], last) if len(se) else last
 
     sync_hit, sync_last = drained_by(syncs)
     alloc_hit, alloc_last = drained_by(allocs)
