@@ -399,7 +399,7 @@ def classify_gaps(r: RankResult) -> pd.DataFrame:
     """Each idle gap with one cause, so the host-side analyzers never share a gap. In order of
     precedence:
 
-    * ``input``: the host was inside a DataLoader span during a gap it ended late;
+    * ``input``: the host was inside a DataLoader span for at least half of a gap it ended late;
     * ``alloc``: an allocator call (``cudaFree``, ``hipMalloc``...) returned inside the gap or
       covers half of it (and the refill gaps after one, as for ``sync``), where such calls recur
       in at least half of the steps (a pool that grows once, in warm-up, is not churn);
@@ -524,7 +524,10 @@ def classify_gaps(r: RankResult) -> pd.DataFrame:
     cause[stall] = "stall"
     cause[graph] = "graph"
     cause[alloc_gap] = "alloc"
-    cause[in_loader & late] = "input"
+    # most of the gap inside the loader, as for the other causes: a short __next__ at the edge of a
+    # long gap (a worker queue that was ready) does not make it an input stall
+    loader_cov = covered(ls, le, gs, ge) if len(ls) else np.zeros(len(g))
+    cause[in_loader & late & (loader_cov >= 0.5 * dur)] = "input"
     return g.assign(cause=cause, call_row=call_row, call_us=call_us, op_row=op_row, op_us=op_us, launch_tid=tids, **{c: outside[c].to_numpy() for c in outside.columns})
 
 

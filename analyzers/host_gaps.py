@@ -117,7 +117,8 @@ def host_work(analysis: Analysis) -> list[Candidate]:
         # Python frames at the middle of each stretch, on the thread that launched what ended it
         lo = np.maximum(by["start"].to_numpy(dtype=float), g["start"].min())
         hi = np.minimum(by["end"].to_numpy(dtype=float), g["end"].max())
-        tid = np.full(len(by), int(np.bincount(np.maximum(g["launch_tid"].to_numpy(dtype=np.int64), 0)).argmax()))
+        tids, counts = np.unique(g["launch_tid"].to_numpy(dtype=np.int64), return_counts=True)
+        tid = np.full(len(by), int(tids[counts.argmax()]))  # thread ids are large numbers: no bincount
         frames = python_frames(v.trace, tid, (lo + hi) / 2, outer=3)
         py_names = v.trace.python["name"].astype(object).to_numpy()
         stretches = []
