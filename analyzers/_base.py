@@ -404,7 +404,8 @@ def classify_gaps(r: RankResult) -> pd.DataFrame:
       covers half of it (and the refill gaps after one, as for ``sync``), where such calls recur
       in at least half of the steps (a pool that grows once, in warm-up, is not churn);
     * ``graph``: a gap between two kernels of one graph replay (GPU-side; no host fix);
-    * ``stall``: one gap holding ``STALL_STEP_SHARE`` of its step, mostly inside one op or call;
+    * ``stall``: one gap holding ``STALL_STEP_SHARE`` of its step, mostly inside one op or call,
+      or host work (below) found in fewer than half of the steps (a checkpoint every N steps);
     * ``host_work``: a late gap that the launching thread spent mostly outside every op driving
       the GPU, in one stretch of at least ``HOST_WORK_MIN_US`` (user Python, CPU preprocessing);
     * ``sync``: a synchronising call (``.item()``, ``.cpu()``, ``synchronize``) returned inside
@@ -518,6 +519,13 @@ def classify_gaps(r: RankResult) -> pd.DataFrame:
 
     outside = host_outside_ops(t, g)
     work = late & (outside["longest_us"].to_numpy() >= np.maximum(HOST_WORK_MIN_US, 0.5 * dur))
+    # Long host work in only some of the steps (a checkpoint save every N steps) is a stall:
+    # work that recurs every step (tokenising) is input work. One profiled step cannot tell.
+    steps_total = int(t.steps["step"].nunique()) if len(t.steps) else 0
+    in_steps = pd.Series(g["step"].to_numpy()[work]).nunique()
+    if steps_total >= 2 and in_steps < 0.5 * steps_total:
+        stall |= work
+        work[:] = False
 
     cause[sync_hit] = "sync"
     cause[work] = "host_work"

@@ -163,24 +163,39 @@ def host_stall(analysis: Analysis) -> list[Candidate]:
         if g.empty:
             continue
         t = v.trace
-        op = _name(t.ops, g["op_row"].to_numpy())
-        call = _name(t.runtime, g["call_row"].to_numpy())
+        inside = np.maximum(g["op_us"].to_numpy(), g["call_us"].to_numpy()) >= 0.5 * g["dur"].to_numpy()
+        op, call = _name(t.ops, g["op_row"].to_numpy()), _name(t.runtime, g["call_row"].to_numpy())
+        op[~inside], call[~inside] = None, None
+        # outside any op: name the stretch by the ops around it and the user's Python frame there
+        mid = (np.maximum(g["hole_start"].to_numpy(), g["start"].to_numpy())
+               + np.minimum(g["hole_end"].to_numpy(), g["end"].to_numpy())) / 2
+        frame = python_frames(t, g["launch_tid"].to_numpy(dtype=np.int64), mid)
+        after, before = _name(t.ops, g["prev_op"].to_numpy()), _name(t.ops, g["next_op"].to_numpy())
+        where = [None if ins else f"Python{' in `' + str(f) + '`' if f else ''} between `{a or '(step start)'}` "
+                 f"and `{b or '(trace end)'}`"
+                 for ins, f, a, b in zip(inside, frame, after, before)]  # one per stall: a handful
         rows = pd.DataFrame({"step": g["step"].to_numpy(), "ms": g["dur"].to_numpy() / 1000.0, "op": op,
-                             "call": call, "call_ms": g["call_us"].to_numpy() / 1000.0}).sort_values("ms", ascending=False)
+                             "call": call, "call_ms": np.where(inside, g["call_us"].to_numpy() / 1000.0, 0.0),
+                             "python": where}).sort_values("ms", ascending=False)
         worst = rows.iloc[0]
-        named = " / ".join(f"`{x}`" for x in (worst["op"], worst["call"]) if x) or "Python outside any op"
+        per_step = rows.groupby("step")["ms"].agg(["sum", "size"]).sort_values("sum", ascending=False)
+        w_step, w_ms, w_n = int(per_step.index[0]), float(per_step["sum"].iloc[0]), int(per_step["size"].iloc[0])
+        worst = rows[rows["step"] == w_step].iloc[0]
+        named = " / ".join(f"`{x}`" for x in (worst["op"], worst["call"]) if x) or str(worst["python"])
         blocking = any(x and (x in SYNC_CALLS or "copy" in str(x).lower() or "Memcpy" in str(x))
                        for x in (worst["op"], worst["call"]))
         fix = ("It is a blocking copy: copy from pinned memory with `non_blocking=True`, or move the copy "
                "(and what waits for it) out of the step. " if blocking else "")
         ev = _common(v, g)
         ev["stalls"] = [{"step": int(r["step"]), "ms": round(float(r["ms"]), 3), "op": r["op"], "call": r["call"],
-                         "call_ms": round(float(r["call_ms"]), 3)} for _, r in rows.head(5).iterrows()]
+                         "call_ms": round(float(r["call_ms"]), 3), "outside_ops": r["python"]}
+                        for _, r in rows.head(5).iterrows()]
         ev["estimate"] = "the stalled gaps themselves: without the stall the GPU would not wait"
         out.append(Candidate(
             id="GP-STALL-001", category="host_stall",
-            title=f"A {worst['ms']:.1f} ms host stall in step {int(worst['step'])}: the GPU waits while the host is "
-                  f"in {named}" + (f" ({len(g)} such stalls)" if len(g) > 1 else ""),
+            title=f"A {w_ms:.1f} ms host stall in step {w_step}: the GPU waits while the host is in {named}"
+                  + (f" ({w_n} gaps)" if w_n > 1 else "")
+                  + (f"; {len(per_step)} steps stall" if len(per_step) > 1 else ""),
             confidence=v.host_confidence("high"),
             recommendation=fix + "Move one-off host work out of the timed steps: save checkpoints asynchronously "
                                  "(`torch.distributed.checkpoint.async_save`) or less often, drop pauses and waits on "
