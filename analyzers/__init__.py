@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gpuprof.analyzers import (
+    allocator,
     attention_fusion,
     distributed,
     elementwise_fusion,
@@ -51,6 +52,9 @@ REGISTRY: tuple[Analyzer, ...] = (
     Analyzer("elementwise_fusion", elementwise_fusion.run, ("gpu", "shapes", "spec")),
     Analyzer("optimizer_fusion", optimizer_fusion.run, ("gpu", "shapes", "spec")),
     Analyzer("input_pipeline", host_gaps.input_pipeline, ("gpu",)),
+    Analyzer("host_work", host_gaps.host_work, ("gpu",)),
+    Analyzer("host_stall", host_gaps.host_stall, ("gpu",)),
+    Analyzer("allocator_churn", allocator.run, ("gpu",)),
     Analyzer("host_sync", host_gaps.host_sync, ("gpu",)),
     Analyzer("launch_overhead", host_gaps.launch_overhead, ("gpu",)),
     Analyzer("pageable_memcpy", transfers.pageable_memcpy, ("gpu",)),

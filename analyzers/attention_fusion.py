@@ -5,7 +5,7 @@ Trigger: a softmax over a tensor whose last two dimensions are equal (T×T, T �
 of the step with such a tensor among its arguments (the QKᵀ and PV matmuls, scaling, mask,
 softmax, dropout, and their backward) is part of the unfused attention.
 Estimate: fused attention (``F.scaled_dot_product_attention``) keeps the matmul FLOPs (halved
-when a mask makes it causal) and drops the T×T traffic; its time is those FLOPs at the roofline
+when the trace shows the attention is causal: ``_causal_evidence``) and drops the T×T traffic; its time is those FLOPs at the roofline
 efficiency the trace's other tensor-core GEMMs reach. Saving = the affected kernels' time minus
 that, plus the launch gaps before them (two fused kernels replace dozens).
 """
@@ -17,11 +17,56 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from gpuprof.analyzers._base import Candidate, ms, per_shape, top_names, views
 
+from gpuprof.trace.load import parse_arg
+
 if TYPE_CHECKING:
     from gpuprof.api import Analysis
 
 SOFTMAX = ("aten::_softmax", "aten::_softmax_backward_data", "aten::_safe_softmax")
 MASK = ("aten::masked_fill", "aten::masked_fill_", "aten::where", "aten::add")
+#: Ops that build a causal mask: lower/upper triangles.
+TRIANGLE = ("aten::tril", "aten::triu", "aten::tril_", "aten::triu_")
+#: Ops that apply a boolean mask, and which argument holds it.
+MASK_FILL = {"aten::masked_fill": 1, "aten::masked_fill_": 1, "aten::where": 0}
+
+
+def _causal_evidence(ops: Any, t: int) -> str | None:
+    """Why the attention is causal, or None when the trace does not show it: a triangle op
+    (``tril``/``triu``) on an n×n tensor with n >= T (masks are often built for the longest
+    sequence and sliced), a boolean T×T mask the same for every sequence of the batch (leading
+    dims 1 or broadcast with stride 0; a padding mask varies by sequence), or an SDPA call whose
+    ``is_causal`` argument is True. An additive mask (``aten::add``) says nothing about causality."""
+    names = ops["name"].astype(object)
+
+    def square(dims: Any, at: int, at_least: bool) -> bool:
+        if not isinstance(dims, list) or len(dims) <= at or not isinstance(dims[at], list) or len(dims[at]) < 2:
+            return False
+        d = dims[at]
+        return bool(d[-1] == d[-2] and (d[-1] >= t if at_least else d[-1] == t))
+
+    tri = ops[names.isin(TRIANGLE).to_numpy()]
+    for name, dims in per_shape(tri, range(len(tri)), lambda n, d: (n, square(d, 0, True)), by_name=True).values():
+        if dims:
+            return f"{name} on a square tensor"
+    for name, at in MASK_FILL.items():
+        m = ops[(names == name).to_numpy()]
+        if m.empty:
+            continue
+        rows = m.drop_duplicates(["input_dims", "input_types", "input_strides"])
+        for dims, types, strides in zip(rows["input_dims"], rows["input_types"], rows["input_strides"]):
+            d, ty, st = parse_arg(dims), parse_arg(types), parse_arg(strides)
+            if not (square(d, at, False) and isinstance(ty, list) and len(ty) > at and ty[at] == "bool"):
+                continue
+            lead, lead_st = d[at][:-2], (st[at][:-2] if isinstance(st, list) and len(st) > at
+                                          and isinstance(st[at], list) else [])
+            if all(x == 1 or (i < len(lead_st) and lead_st[i] == 0) for i, x in enumerate(lead)):
+                return f"{name} with a {t}x{t} boolean mask shared by every sequence"
+    sdpa = ops[names.str.contains("scaled_dot_product", regex=False).to_numpy()]
+    for conc in sdpa["concrete_inputs"].drop_duplicates():
+        c = parse_arg(conc)
+        if isinstance(c, list) and len(c) > 5 and str(c[5]) == "True":
+            return "is_causal=True on the SDPA call"
+    return None
 
 
 def _square(dims: Any) -> int:
@@ -48,7 +93,10 @@ def run(analysis: Analysis) -> list[Candidate]:
         if not (names.isin(SOFTMAX) & (k_t > 0)).any():
             continue
         attn = k[k_t > 0]
-        causal = bool((attn["op_name"].astype(str).isin(MASK)).any())
+        t = int(k_t[k_t > 0].mode().iat[0])
+        why_causal = _causal_evidence(ops, t)
+        causal = why_causal is not None
+        masked = bool((attn["op_name"].astype(str).isin(MASK)).any())
         gemm = attn[attn["family"] == "gemm"]
         others = k[(k["family"] == "gemm") & (k["engine"] == "tensor") & ~k.index.isin(attn.index)
                    & np.isfinite(k["t_roof_us"])]
@@ -59,18 +107,24 @@ def run(analysis: Analysis) -> list[Candidate]:
         total = float(attn["dur"].sum())
         # Spread the fused time over the affected kernels in proportion to their duration.
         saved = attn["dur"] * max(0.0, 1.0 - fused_us / total) if total > 0 else attn["dur"] * 0
-        t = int(k_t[k_t > 0].mode().iat[0])
+        if causal:
+            call = "`F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)`"
+        elif masked:
+            call = ("`F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)` (pass the mask you "
+                    "apply today; `is_causal=True` only if it is the causal triangle)")
+        else:
+            call = "`F.scaled_dot_product_attention(q, k, v, dropout_p=p)` (no mask: keep it unmasked)"
         out.append(Candidate(
             id="GP-ATTN-001", category="attention_fusion",
             title=f"Unfused attention: {len(attn) // v.n_steps} kernels per step read and write {t}×{t} score "
                   f"tensors ({100 * total / v.n_steps / v.step_time_us:.0f}% of step time)",
             confidence="high" if len(others) else "medium",
-            recommendation="Replace the matmul/mask/softmax/dropout attention with "
-                           "`F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)` "
-                           "(FlashAttention/cuDNN kernels; no T×T tensor in memory).",
+            recommendation=f"Replace the matmul/mask/softmax/dropout attention with {call} "
+                           "(FlashAttention/cuDNN kernels; no T×T tensor in memory; same results).",
             units={**v.kernel_units(attn.index, saved), **v.inner_gap_units(attn.index)},
             evidence={
                 "rank": v.rank, "sequence_length": t, "causal_mask_seen": causal,
+                "causal_evidence": why_causal, "mask_seen": masked,
                 "unfused_ms_per_step": round(ms(total) / v.n_steps, 3),
                 "estimated_fused_ms_per_step": round(ms(fused_us) / v.n_steps, 3),
                 "gemm_roofline_efficiency_used": round(eff, 3),

@@ -1,9 +1,15 @@
 """Host-side idle time, one analyzer per cause of the GPU's idle gaps (see ``_base.classify_gaps``).
 
-* ``input_pipeline``: the GPU waits while the training process prepares the next batch.
+* ``input_pipeline``: the GPU waits while the training process prepares the next batch
+  (a DataLoader span), or while the main thread runs Python or CPU-only ops outside every op
+  that drives the GPU (tokenising, image processing, logging: ``host_work``).
+* ``host_stall``: one gap holding a large share of its step, inside one op or call (a blocking
+  copy, a pause, a checkpoint save), named with its duration.
 * ``host_sync``: a call that drains the GPU queue (``.item()``, ``.cpu()``, ``nonzero``,
   ``synchronize``) leaves the GPU idle until the host launches new work.
-* ``launch_overhead``: the host cannot launch kernels as fast as the GPU runs them.
+* ``launch_overhead``: the host cannot launch kernels as fast as the GPU runs them. Never
+  recommends CUDA graphs for work that already replays as a graph, and says so instead of
+  reporting launch overhead when the trace records graph capture.
 
 Estimate: the gaps of that cause, per step, each less the profiler's own cost for the host
 events recorded inside it (``_base``: known when the unprofiled step time is). For launch overhead this is an upper
@@ -16,7 +22,20 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from gpuprof.analyzers._base import HOST_NOTE, SYNC_CALLS, Candidate, RankView, gap_units, ms, views
+from gpuprof.analyzers._base import (
+    HOST_NOTE,
+    SYNC_CALLS,
+    Candidate,
+    RankView,
+    gap_units,
+    graph_capture_calls,
+    in_graph,
+    ms,
+    name_mask,
+    outermost_aten,
+    python_frames,
+    views,
+)
 
 if TYPE_CHECKING:
     from gpuprof.api import Analysis
@@ -35,6 +54,16 @@ def _common(v: RankView, g: pd.DataFrame) -> dict[str, Any]:
     if not v.host_scale_known:
         ev["note"] = HOST_NOTE
     return ev
+
+
+def _name(frame: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """Names of the given rows of ``frame`` (None where the row is -1)."""
+    names = frame["name"].astype(object).to_numpy()
+    r = np.asarray(rows, dtype=np.int64)
+    out = np.full(len(r), None, dtype=object)
+    ok = r >= 0
+    out[ok] = names[r[ok]]
+    return out
 
 
 def input_pipeline(analysis: Analysis) -> list[Candidate]:
@@ -59,6 +88,137 @@ def input_pipeline(analysis: Analysis) -> list[Candidate]:
     return out
 
 
+def _covering_annotation(v: RankView, start: float, end: float) -> str | None:
+    """The innermost user annotation (``record_function``) around a host stretch, other than the
+    step and optimizer spans the profiler and torch.optim record."""
+    a = v.trace.annotations
+    a = a[~a["on_gpu"] & (a["ts"] <= start) & (a["end"] >= end)]
+    names = a["name"].astype(str)
+    a = a[~names.str.match(r"ProfilerStep#|Optimizer\.|## ")]
+    return str(a.sort_values("dur")["name"].iloc[0]) if len(a) else None
+
+
+def host_work(analysis: Analysis) -> list[Candidate]:
+    """Idle while the main thread runs Python or CPU-only ops outside every op that drives the GPU."""
+    out = []
+    for v in views(analysis):
+        g = _gaps(v, "host_work")
+        if g.empty:
+            continue
+        ops = v.trace.ops
+        prev, nxt = _name(ops, g["prev_op"].to_numpy()), _name(ops, g["next_op"].to_numpy())
+        where = pd.DataFrame({"after": pd.Series(prev, dtype=object).fillna("(step start)").to_numpy(),
+                              "before": pd.Series(nxt, dtype=object).fillna("(trace end)").to_numpy(),
+                              "us": g["longest_us"].to_numpy(), "start": g["hole_start"].to_numpy(),
+                              "end": g["hole_end"].to_numpy()})
+        by = where.groupby(["after", "before"], sort=False).agg(us=("us", "sum"), n=("us", "size"),
+                                                                 start=("start", "first"), end=("end", "first"))
+        by = by.sort_values("us", ascending=False).head(5)
+        # Python frames at the middle of each stretch, on the thread that launched what ended it
+        lo = np.maximum(by["start"].to_numpy(dtype=float), g["start"].min())
+        hi = np.minimum(by["end"].to_numpy(dtype=float), g["end"].max())
+        tids, counts = np.unique(g["launch_tid"].to_numpy(dtype=np.int64), return_counts=True)
+        tid = np.full(len(by), int(tids[counts.argmax()]))  # thread ids are large numbers: no bincount
+        frames = python_frames(v.trace, tid, (lo + hi) / 2, outer=3)
+        py_names = v.trace.python["name"].astype(object).to_numpy()
+        stretches = []
+        keys = list(by.index)
+        us_, n_ = by["us"].to_numpy(dtype=float), by["n"].to_numpy(dtype=np.int64)
+        for i in range(len(by)):  # the few distinct stretches, not events
+            after, before = keys[i]
+            span = _covering_annotation(v, float(lo[i]), float(hi[i]))
+            stack = [str(py_names[f]) for f in frames[i] if f >= 0]
+            stretches.append({"after_op": str(after), "before_op": str(before),
+                              "ms_per_step": round(ms(float(us_[i])) / v.n_steps, 3), "times": int(n_[i]),
+                              "inside_annotation": span, "python_frames": stack})
+        top = stretches[0]
+        what = f"`{top['inside_annotation']}`" if top["inside_annotation"] else \
+            f"between `{top['after_op']}` and `{top['before_op']}`"
+        if top["python_frames"]:
+            what += f" in `{top['python_frames'][0]}`"
+        ev = _common(v, g)
+        ev["stretches"] = stretches
+        ev["host_ms_per_step_outside_gpu_ops"] = round(ms(g["outside_us"].sum()) / v.n_steps, 3)
+        ev["estimate"] = ("idle gaps the launching thread spent outside every op that drives the GPU (user "
+                          "Python, CPU-only ops), in one stretch of at least 1 ms; host time inside ops is "
+                          "dispatch and counts as launch overhead")
+        out.append(Candidate(
+            id="GP-INPUT-002", category="input_pipeline",
+            title=f"The GPU waits for host work on the main thread: {ms(g['dur'].sum()) / v.n_steps:.1f} ms idle "
+                  f"per step outside any GPU op ({what})",
+            confidence=v.host_confidence("high"),
+            recommendation=f"Take the Python work {what} off the training loop: tokenise, decode and augment in "
+                           "`DataLoader(..., num_workers=N, pin_memory=True)` workers (or offline), run image/video "
+                           "processors on the GPU or in the dataset, and move logging/metrics to every N steps or "
+                           "a background thread; the GPU then runs while the next batch is prepared.",
+            units=gap_units(v.rank, g, g["real_dur"]), evidence=ev))
+    return out
+
+
+def host_stall(analysis: Analysis) -> list[Candidate]:
+    """One long idle gap inside one op or runtime call: named, with its duration."""
+    out = []
+    for v in views(analysis):
+        g = _gaps(v, "stall")
+        if g.empty:
+            continue
+        t = v.trace
+        inside = np.maximum(g["op_us"].to_numpy(), g["call_us"].to_numpy()) >= 0.5 * g["dur"].to_numpy()
+        op, call = _name(t.ops, g["op_row"].to_numpy()), _name(t.runtime, g["call_row"].to_numpy())
+        op[~inside], call[~inside] = None, None
+        # outside any op: name the stretch by the ops around it and the user's Python frame there
+        mid = (np.maximum(g["hole_start"].to_numpy(), g["start"].to_numpy())
+               + np.minimum(g["hole_end"].to_numpy(), g["end"].to_numpy())) / 2
+        frame = python_frames(t, g["launch_tid"].to_numpy(dtype=np.int64), mid)
+        after, before = _name(t.ops, g["prev_op"].to_numpy()), _name(t.ops, g["next_op"].to_numpy())
+        where = [None if ins else f"Python{' in `' + str(f) + '`' if f else ''} between `{a or '(step start)'}` "
+                 f"and `{b or '(trace end)'}`"
+                 for ins, f, a, b in zip(inside, frame, after, before)]  # one per stall: a handful
+        rows = pd.DataFrame({"step": g["step"].to_numpy(), "ms": g["dur"].to_numpy() / 1000.0, "op": op,
+                             "call": call, "call_ms": np.where(inside, g["call_us"].to_numpy() / 1000.0, 0.0),
+                             "python": where}).sort_values("ms", ascending=False)
+        worst = rows.iloc[0]
+        per_step = rows.groupby("step")["ms"].agg(["sum", "size"]).sort_values("sum", ascending=False)
+        w_step, w_ms, w_n = int(per_step.index[0]), float(per_step["sum"].iloc[0]), int(per_step["size"].iloc[0])
+        worst = rows[rows["step"] == w_step].iloc[0]
+        named = " / ".join(f"`{x}`" for x in (worst["op"], worst["call"]) if x) or str(worst["python"])
+        blocking = any(x and (x in SYNC_CALLS or "copy" in str(x).lower() or "Memcpy" in str(x))
+                       for x in (worst["op"], worst["call"]))
+        fix = ("It is a blocking copy: copy from pinned memory with `non_blocking=True`, or move the copy "
+               "(and what waits for it) out of the step. " if blocking else "")
+        ev = _common(v, g)
+        ev["stalls"] = [{"step": int(r["step"]), "ms": round(float(r["ms"]), 3), "op": r["op"], "call": r["call"],
+                         "call_ms": round(float(r["call_ms"]), 3), "outside_ops": r["python"]}
+                        for _, r in rows.head(5).iterrows()]
+        ev["estimate"] = "the stalled gaps themselves: without the stall the GPU would not wait"
+        out.append(Candidate(
+            id="GP-STALL-001", category="host_stall",
+            title=f"A {w_ms:.1f} ms host stall in step {w_step}: the GPU waits while the host is in {named}"
+                  + (f" ({w_n} gaps)" if w_n > 1 else "")
+                  + (f"; {len(per_step)} steps stall" if len(per_step) > 1 else ""),
+            confidence=v.host_confidence("high"),
+            recommendation=fix + "Move one-off host work out of the timed steps: save checkpoints asynchronously "
+                                 "(`torch.distributed.checkpoint.async_save`) or less often, drop pauses and waits on "
+                                 "locks/queues from the loop, and profile steady-state steps.",
+            units=gap_units(v.rank, g, g["real_dur"]), evidence=ev))
+    return out
+
+
+def _syncing_ops(v: RankView, rt: pd.DataFrame) -> pd.Series:
+    """The user-facing op of each sync call (the outermost aten op around it), counted by name."""
+    ops = v.trace.ops
+    if not len(rt) or not len(ops):
+        return pd.Series(dtype="int64")
+    ext = ops["external_id"].to_numpy()
+    order = np.argsort(ext, kind="stable")
+    se = ext[order]
+    keys = rt["external_id"].to_numpy()
+    pos = np.clip(np.searchsorted(se, keys), 0, max(len(se) - 1, 0))
+    hit = (se[pos] == keys) & (keys >= 0)
+    rows = outermost_aten(ops, order[pos[hit]])
+    return pd.Series(_name(ops, rows), dtype=object).value_counts()
+
+
 def host_sync(analysis: Analysis) -> list[Candidate]:
     out = []
     for v in views(analysis):
@@ -66,23 +226,16 @@ def host_sync(analysis: Analysis) -> list[Candidate]:
         if g.empty:
             continue
         t = v.trace
-        rt = t.runtime[(t.runtime["name"].astype(str).isin(SYNC_CALLS)) & (t.runtime["step"] >= 0)]
-        ops = t.ops
-        op_rows = pd.Series(np.arange(len(ops)), index=ops["external_id"].to_numpy())
-        op_rows = op_rows[~op_rows.index.duplicated()]
-        callers = rt["external_id"].map(op_rows).dropna().astype(int)
-        names = []
-        for row in callers:  # name the user-facing op: climb to the outermost aten op
-            r, best = int(row), str(ops.at[int(row), "name"])
-            while r >= 0 and str(ops.at[r, "name"]).startswith("aten::"):
-                best = str(ops.at[r, "name"])
-                r = int(ops.at[r, "parent"])
-            names.append(best)
+        rt = t.runtime[name_mask(t.runtime["name"], among=SYNC_CALLS) & (t.runtime["step"] >= 0).to_numpy()]
         ev = _common(v, g)
         ev["sync_calls_per_step"] = round(len(rt) / v.n_steps, 1)
-        ev["syncing_ops"] = pd.Series(names, dtype=object).value_counts().head(6).to_dict() if names else {}
-        ev["sync_apis"] = rt["name"].astype(str).value_counts().to_dict()
+        ev["syncing_ops"] = {str(k): int(n) for k, n in _syncing_ops(v, rt).head(6).items()}
+        ev["sync_apis"] = {str(k): int(n) for k, n in rt["name"].astype(object).value_counts().items()}
+        sites = pd.Series(python_frames(t, rt["tid"].to_numpy(), rt["ts"].to_numpy()), dtype=object).value_counts()
+        ev["call_sites"] = {str(k): int(n) for k, n in sites.head(6).items()}  # with_stack traces only
         top = next(iter(ev["syncing_ops"]), "a synchronising call")
+        if ev["call_sites"]:
+            top = f"{top} at {next(iter(ev['call_sites']))}"
         out.append(Candidate(
             id="GP-SYNC-001", category="host_sync",
             title=f"{len(rt) / v.n_steps:.0f} host syncs per step ({top}) drain the GPU queue",
@@ -90,7 +243,8 @@ def host_sync(analysis: Analysis) -> list[Candidate]:
             recommendation=f"Remove the per-step synchronisation ({top}): keep values on the GPU (accumulate "
                            "metrics as tensors and call `.item()` once every N steps), avoid data-dependent "
                            "shapes (`nonzero`, boolean indexing) in the step, and drop explicit "
-                           "`torch.cuda.synchronize()`. With `with_stack=True` the trace names the call site.",
+                           "`torch.cuda.synchronize()`."
+                           + ("" if ev["call_sites"] else " With `with_stack=True` the trace names the call site."),
             units=gap_units(v.rank, g, g["real_dur"]), evidence=ev))
     return out
 
@@ -98,22 +252,47 @@ def host_sync(analysis: Analysis) -> list[Candidate]:
 def launch_overhead(analysis: Analysis) -> list[Candidate]:
     out = []
     for v in views(analysis):
+        captures = graph_capture_calls(v.trace)
+        k = v.kernels
+        if captures:
+            # Capture and warm-up run every kernel eagerly (and slowly) once: the gaps say nothing
+            # about the replayed steady state, so no saving is claimed from them.
+            out.append(Candidate(
+                id="GP-LAUNCH-002", category="launch_overhead",
+                title=f"The trace records CUDA-graph capture ({captures} capture calls), not steady-state steps",
+                confidence="high",
+                recommendation="Profile after capture and warm-up: start the profiler's schedule (`wait=`, "
+                               "`warmup=`) past the graph capture so the trace holds replayed steps; launch "
+                               "overhead measured during capture does not apply to graph replay.",
+                units={}, evidence={"rank": v.rank, "graph_capture_calls": captures}, informational=True))
+            continue
         g = _gaps(v, "launch")
         if g.empty:
             continue
-        k = v.kernels
+        graphed = in_graph(k)
+        share = float(graphed.mean()) if len(k) else 0.0
         ev = _common(v, g)
         ev["kernels_per_step"] = round(len(k) / v.n_steps, 1)
         ev["median_kernel_us"] = round(float(k["dur"].median()), 2) if len(k) else None
-        ev["estimate"] = "idle gaps where the next kernel was launched after the GPU ran dry; CUDA graphs " \
-                         "would remove them (upper bound: graphs keep ~1 us between kernels)"
+        ev["kernels_in_graph_replay_pct"] = round(100 * share, 1)
+        if share >= 0.5:
+            # The step already replays as a graph: what is left is host time between replays.
+            ev["estimate"] = "idle gaps where the next work was launched after the GPU ran dry, between graph replays"
+            title = (f"The host falls behind between CUDA-graph replays: {ms(g['dur'].sum()) / v.n_steps:.1f} ms idle "
+                     f"per step ({100 * share:.0f}% of kernels already run as graph replay)")
+            fix = ("The step already runs as CUDA-graph replay, so graphs will not help further: cut the host work "
+                   "between replays (input preparation, sampling, scheduling), overlap it with the GPU (prepare "
+                   "step N+1 while step N replays), or capture larger pieces per replay.")
+        else:
+            ev["estimate"] = "idle gaps where the next kernel was launched after the GPU ran dry; CUDA graphs " \
+                             "would remove them (upper bound: graphs keep ~1 us between kernels)"
+            title = (f"The host launches too slowly: {ev['kernels_per_step']:.0f} kernels per step of median "
+                     f"{ev['median_kernel_us']} µs leave the GPU idle between launches")
+            fix = ("Cut launches: capture the step in a CUDA graph (`torch.compile(model, "
+                   "mode='reduce-overhead')` or `torch.cuda.graphs`), fuse small ops with "
+                   "`torch.compile`, use fused optimizers, or give each kernel more work (larger batch).")
         out.append(Candidate(
-            id="GP-LAUNCH-001", category="launch_overhead",
-            title=f"The host launches too slowly: {ev['kernels_per_step']:.0f} kernels per step of median "
-                  f"{ev['median_kernel_us']} µs leave the GPU idle between launches",
-            confidence=v.host_confidence("medium"),
-            recommendation="Cut launches: capture the step in a CUDA graph (`torch.compile(model, "
-                           "mode='reduce-overhead')` or `torch.cuda.graphs`), fuse small ops with "
-                           "`torch.compile`, use fused optimizers, or give each kernel more work (larger batch).",
+            id="GP-LAUNCH-001", category="launch_overhead", title=title,
+            confidence=v.host_confidence("medium"), recommendation=fix,
             units=gap_units(v.rank, g, g["real_dur"]), evidence=ev, generic=True))
     return out

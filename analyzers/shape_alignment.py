@@ -70,11 +70,19 @@ def run(analysis: Analysis) -> list[Candidate]:
         else:
             after, saved = bad["dur"], bad["dur"] * 0.0
         worst = max(dims_seen, key=lambda n: dims_seen[n]) if dims_seen else None
-        what = f"dimension {worst}" + (" (the vocabulary size)" if worst in vocab else "") if worst else "GEMM shapes"
+        is_vocab = worst is not None and worst in vocab
+        what = f"dimension {worst}" + (" (the vocabulary size)" if is_vocab else "") if worst else "GEMM shapes"
         pad_to = 64 if worst and worst > 1024 else 8
-        fix = (f"Pad {what} to {_pad(worst, pad_to)} (a multiple of {pad_to}; e.g. `vocab_size = {_pad(worst, pad_to)}` "
-               "and ignore the extra logits) so cuBLAS can use the Hopper tensor-core kernels" if worst else
-               "Make every GEMM dimension a multiple of 8 (16 for FP8)")
+        if worst and is_vocab:
+            fix = (f"Pad the vocabulary {worst} to {_pad(worst, pad_to)} (a multiple of {pad_to}: "
+                   f"`vocab_size = {_pad(worst, pad_to)}` in the embedding and output layer, and ignore the extra "
+                   "logits) so cuBLAS can use the full-rate tensor-core kernels")
+        elif worst:
+            fix = (f"Make dimension {worst} a multiple of {pad_to} (e.g. {_pad(worst, pad_to)}): pad the hidden, FFN "
+                   "or head size it comes from, or the batch×sequence rows, so cuBLAS can use the full-rate "
+                   "tensor-core kernels")
+        else:
+            fix = "Make every GEMM dimension a multiple of 8 (16 for FP8)"
         fallbacks = bad[bad["name"].astype(str).str.contains(_OLD_ARCH)]
         out.append(Candidate(
             id="GP-SHAPE-001", category="shape_alignment",
@@ -89,6 +97,7 @@ def run(analysis: Analysis) -> list[Candidate]:
                 "misaligned_dims": {str(n): round(ms(t) / v.n_steps, 3) for n, t in
                                     sorted(dims_seen.items(), key=lambda x: -x[1])},
                 "gemm_ms_per_step": round(ms(bad["dur"].sum()) / v.n_steps, 3),
+                "vocabulary_sizes": sorted(vocab),
                 "aligned_gemm_roofline_pct": round(100 * eff, 1) if np.isfinite(eff) else None,
                 "estimated_ms_per_step_after": round(ms(float(np.sum(after))) / v.n_steps, 3),
                 "fallback_kernels": top_names(fallbacks) if len(fallbacks) else [],
@@ -101,7 +110,8 @@ def run(analysis: Analysis) -> list[Candidate]:
 
 
 def _vocab_sizes(ops: pd.DataFrame) -> set[int]:
-    """Row counts of embedding tables (aten::embedding / index_select weights)."""
+    """Row counts of embedding tables (the weight of ``aten::embedding``, ``num_weights`` of its
+    backward): the only dimensions the advice calls a vocabulary."""
     emb = ops[ops["name"].isin(["aten::embedding", "aten::embedding_dense_backward"])]
     out: set[int] = set()
     for name, dims, conc in zip(emb["name"], emb["input_dims"], emb["concrete_inputs"]):

@@ -23,6 +23,8 @@ CATEGORIES = (
     "rank_imbalance",
     "gpu_throttling",
     "memory_capacity",
+    "allocator_churn",
+    "host_stall",
 )
 
 

@@ -44,7 +44,7 @@ import gpuprof
 from gpuprof.trace.model import RankTrace, TraceMeta
 
 FORMAT = 3
-FRAMES = ("kernels", "memcpys", "ops", "runtime", "annotations", "steps", "collectives")
+FRAMES = ("kernels", "memcpys", "ops", "runtime", "annotations", "steps", "collectives", "python")
 MARKER = "CACHEDIR.TAG"
 _MARKER_TEXT = ("Signature: 8a477f597d28d172789f06886806bc55\n"
                 "# This folder is a gpuprof cache (frames/, results/); gpuprof deletes only what it wrote there.\n")

@@ -7,6 +7,7 @@ bucketed by category once; every later step works on whole columns.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import hashlib
 import math
@@ -365,6 +366,13 @@ def _annotation_cols(evs: list[_Event], names: dict[str, int]) -> dict[str, Any]
     return cols
 
 
+def _python_cols(evs: list[_Event], names: dict[str, int]) -> dict[str, Any]:
+    """``python_function`` events (``with_stack=True``): the Python frames, nested by time per thread."""
+    cols = _base(evs, names)
+    cols["tid"] = _num(_col(evs, "tid"), "int64")
+    return cols
+
+
 #: Columns stored as categoricals, per bucket (besides ``name``).
 _CATEGORICAL = {"kernels": ("collective", "coll_dtype", "process_group"), "runtime": ("api",)}
 
@@ -409,7 +417,7 @@ def _finish(df: pd.DataFrame, bucket: str, t_origin: float) -> pd.DataFrame:
 
 
 _BUILDERS: dict[str, Any] = {"kernels": _kernel_cols, "memcpys": _memcpy_cols, "runtime": _runtime_cols,
-                             "annotations": _annotation_cols}
+                             "annotations": _annotation_cols, "python": _python_cols}
 
 
 _BUCKETS = {
@@ -421,6 +429,7 @@ _BUCKETS = {
     "cuda_driver": "runtime",
     "user_annotation": "annotations",
     "gpu_user_annotation": "annotations",
+    "python_function": "python",
 }
 
 
@@ -505,6 +514,8 @@ def _load(p: Path, fallback_rank: int, source: list[bytes] | None = None) -> Ran
     del events, data  # the file's buffer: every column now holds its own copies
     first_ts = np.inf
     for b, cs in chunks.items():
+        if b == "python":  # frames only annotate host time: they never set the trace's origin
+            continue
         for c in cs:
             bad = np.flatnonzero(np.isnan(c["ts"]))
             if len(bad):
@@ -529,6 +540,7 @@ def _load(p: Path, fallback_rank: int, source: list[bytes] | None = None) -> Ran
     ops = _frame(chunks["ops"], "ops", first_ts, names["ops"])
     runtime = _frame(chunks["runtime"], "runtime", first_ts, names["runtime"])
     annotations = _frame(chunks["annotations"], "annotations", first_ts, names["annotations"])
+    python = _frame(chunks["python"], "python", first_ts, names["python"])
 
     warnings: list[str] = []
     if cut:
@@ -550,4 +562,5 @@ def _load(p: Path, fallback_rank: int, source: list[bytes] | None = None) -> Ran
         record_shapes=bool(doc.record_shapes) or has_shapes, with_stack=bool(doc.with_stack),
         events=n_events,
     )
-    return attach_links(kernels, memcpys, ops, runtime, annotations, meta_kwargs, warnings)
+    trace = attach_links(kernels, memcpys, ops, runtime, annotations, meta_kwargs, warnings)
+    return dataclasses.replace(trace, python=python)

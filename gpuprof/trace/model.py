@@ -29,6 +29,9 @@ annotations
 steps
     step (the N of ProfilerStep#N, or an ordinal), name, cpu_start, cpu_end, gpu_start,
     gpu_end, start (the step's start on the GPU timeline), end, time (µs), kernels.
+python
+    name (category: ``file.py(line): function`` or ``<built-in method ...>``), ts, dur, end, tid:
+    the ``python_function`` events of a ``with_stack=True`` trace (empty without stacks).
 collectives
     kernel (row of ``kernels``), name, collective, dtype, in_nelems, out_nelems, group_size,
     process_group, ts, dur, step.
@@ -80,6 +83,8 @@ class RankTrace:
     annotations: pd.DataFrame
     steps: pd.DataFrame
     collectives: pd.DataFrame
+    python: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(
+        {"name": pd.Categorical([]), "ts": [], "dur": [], "end": [], "tid": pd.Series([], dtype="int64")}))
 
     @property
     def has_gpu(self) -> bool:
