@@ -38,7 +38,10 @@ def run(analysis: Analysis) -> list[Candidate]:
             continue
         ops = v.trace.ops
         counts = names.value_counts() / v.n_steps
-        n_params_guess = int(counts.mode().iat[0])  # most per-parameter ops run once per parameter
+        modes = counts[np.isfinite(counts) & (counts > 0)].mode()
+        if modes.empty:  # no per-parameter op repeats within a step: nothing to count parameters by
+            continue
+        n_params_guess = int(modes.iat[0])  # most per-parameter ops run once per parameter
         candidates = counts[counts == n_params_guess].index
         params = 0
         for name in candidates:  # the once-per-parameter op with the largest first argument
