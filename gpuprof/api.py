@@ -96,6 +96,8 @@ class Analysis:
     run: dict[str, Any] = field(default_factory=dict)  # the run folder's manifest, when there is one
     jobs: tuple[Job, ...] = field(default_factory=tuple)  # how to load each rank again, in parts' order
     results: tuple[RankResult, ...] | None = None  # the ranks' frames, when kept in memory
+    notices: tuple[str, ...] = ()  # what the analysis itself warns of (an impossible step time, ...)
+    notes: tuple[Finding, ...] = ()  # findings that save (next to) nothing: not fixes, listed apart
 
     # --- frames ----------------------------------------------------------------------------
     @cached_property
@@ -196,6 +198,18 @@ class Analysis:
                     seen.append(w)
         if self.spec is None:
             seen.append("unknown GPU: no roofline (pass --gpu NAME or --gpu-spec FILE); kernels are 'unknown'")
+        t = self.kernel_table
+        bad = t[t["cost_model_error"].astype(bool)] if "cost_model_error" in t else t.iloc[:0]
+        if len(bad):
+            from gpuprof.roofline import MODEL_ERROR_PCT
+
+            n = int(bad["cost_model_error_count"].sum())
+            seen.append(f"cost-model error: {n} instance{'s' if n != 1 else ''} of {len(bad)} kernel "
+                        f"name{'s' if len(bad) != 1 else ''} each ran above its roofline (> {MODEL_ERROR_PCT:.0f} %), "
+                        "which no kernel can: the FLOP/byte model or the GPU peaks do not hold for them (e.g. data "
+                        "already in L2). They are flagged in the kernel table, counted as 'unknown' time and left "
+                        "out of MFU")
+        seen.extend(self.notices)
         return seen
 
     # --- output ----------------------------------------------------------------------------
@@ -204,10 +218,15 @@ class Analysis:
         spec = self.spec
         meta = self.parts[0].meta
         table = self.kernel_table
+        rank_steps = sum(p.n_steps for p in self.parts)  # total_us is summed over every rank's profiled steps
         kernels = [
-            {"name": r["name"], "count": int(r["count"]), "total_us": _f(r["total_us"]), "flops": _f(r["flops"]),
+            {"name": r["name"], "count": int(r["count"]), "total_us": _f(r["total_us"]),
+             "ms_per_step": _f(r["total_us"] / 1000.0 / rank_steps), "flops": _f(r["flops"]),
              "bytes": _f(r["bytes"]), "achieved_tflops": _f(r["achieved_tflops"]),
              "achieved_gbps": _f(r["achieved_gbps"]), "bound": str(r["bound"]), "roofline_pct": _f(r["roofline_pct"]),
+             "cost_model_error": bool(r["cost_model_error"]),
+             "cost_model_error_count": int(r["cost_model_error_count"]),
+             "cost_model_error_pct": _f(r["cost_model_error_pct"]),
              "engine": r["engine"] or None,
              "math_dtype": r["math_dtype"] if isinstance(r["math_dtype"], str) else None,
              "op": r["op"] if isinstance(r["op"], str) else None,
