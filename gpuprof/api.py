@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import tempfile
 from collections.abc import Callable, Sequence
@@ -22,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 import gpuprof
-from gpuprof.errors import GpuprofError, TraceError
+from gpuprof.errors import GpuprofError, TraceError, UsageError
 from gpuprof.findings import Finding
 from gpuprof.ranks import (
     Job,
@@ -98,6 +99,7 @@ class Analysis:
     results: tuple[RankResult, ...] | None = None  # the ranks' frames, when kept in memory
     notices: tuple[str, ...] = ()  # what the analysis itself warns of (an impossible step time, ...)
     notes: tuple[Finding, ...] = ()  # findings that save (next to) nothing: not fixes, listed apart
+    folder: str | None = None  # the run folder analysed, when it was one
 
     # --- frames ----------------------------------------------------------------------------
     @cached_property
@@ -215,6 +217,8 @@ class Analysis:
     # --- output ----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """The JSON report's document (schema_version 1)."""
+        from gpuprof.analyzers import LOW_CONFIDENCE_WEIGHT, NEGLIGIBLE_PCT, RANKING, ranked_saving_ms
+
         spec = self.spec
         meta = self.parts[0].meta
         table = self.kernel_table
@@ -237,7 +241,7 @@ class Analysis:
         return {
             "schema_version": SCHEMA_VERSION,
             "tool": {"name": "gpuprof", "version": gpuprof.__version__},
-            "source": {"paths": [p.meta.path for p in self.parts],
+            "source": {"paths": [p.meta.path for p in self.parts], "run_folder": self.folder,
                        "ranks": [p.rank for p in self.parts],
                        "world_size": meta.world_size, "time_origin": meta.time_origin},
             "gpu": {
@@ -256,7 +260,10 @@ class Analysis:
             "summary": _clean(summary),
             "kernels": kernels,
             "nvml": _clean(self.nvml_summary),
-            "findings": [f.to_dict() for f in self.findings],
+            "findings": [{**f.to_dict(), "ranked_by_ms": round(ranked_saving_ms(f), 4)} for f in self.findings],
+            "ranking": {"by": RANKING, "low_confidence_weight": LOW_CONFIDENCE_WEIGHT,
+                        "negligible_below_pct": NEGLIGIBLE_PCT},
+            "notes": [f.to_dict() for f in self.notes],
             "analyzers_skipped": list(self.skipped),
             "warnings": self.warnings,
         }
@@ -302,10 +309,11 @@ class Analysis:
         text: str = render_json(self.to_dict(), indent=indent)
         return text
 
-    def to_text(self, color: bool = False) -> str:
+    def to_text(self, color: bool = False, width: int | None = None) -> str:
+        """The terminal summary, wrapped to ``width`` columns (default 100)."""
         from gpuprof.reports.text import render_text
 
-        text: str = render_text(self.to_dict(), color=color)
+        text: str = render_text(self.to_dict(), color=color, width=width)
         return text
 
 
@@ -449,7 +457,7 @@ def slow_job(job: Job, waits: pd.DataFrame, waiting: int) -> dict[str, Any]:
 def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gpu_spec: str | None = None,
             analyzers: Sequence[str] | None = None, step_ms: float | None = None, cache: bool = True,
             workers: int | None = None, dask: str | None = None, keep_traces: bool | None = None,
-            progress: Callable[[int, int, str], None] | None = None) -> Analysis:
+            progress: Callable[[int, int, str], None] | None = None, as_ranks: bool = False) -> Analysis:
     """Load and analyse traces. ``gpu`` overrides the trace's device name (e.g. ``"H100-SXM"``);
     ``gpu_spec`` is a spec file (``gpuprof calibrate`` output); ``analyzers`` restricts which run;
     ``step_ms`` is the step time measured *without* the profiler (from training logs), which
@@ -464,14 +472,67 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
     reduced where it is loaded to a small summary (:mod:`gpuprof.ranks`) and only those cross to
     this process, so memory here does not grow with the traces; ``Analysis.ranks`` then loads
     the frames again on first use. ``progress(done, total, stage)``, when given, is called as
-    ranks finish each stage ("loaded", "summarised", "analysed")."""
+    ranks finish each stage ("loaded", "summarised", "analysed").
+
+    The real step time is checked against the trace: ``step_ms`` that is not a finite positive
+    number, or below the GPU's busy time per step (no step is shorter than its kernels), is a
+    :class:`UsageError`; a run folder's recorded figure below it is reported in ``warnings`` and
+    not used; either far above the traced step (``FAR_ABOVE_TRACED``) is warned of.
+
+    Several traces are analysed as ranks of one job only when they look like one (see
+    :func:`check_ranks`) or ``as_ranks`` says so; otherwise a :class:`UsageError` says why."""
     seq = [paths] if isinstance(paths, (str, Path)) else list(paths)
     folder, manifest = _manifest(seq)
-    if step_ms is None and isinstance(manifest.get("unprofiled_step_ms"), (int, float)):
-        step_ms = float(manifest["unprofiled_step_ms"]) or None
-    if step_ms is not None and not step_ms > 0:
-        raise GpuprofError(f"--step-ms must be a positive number of milliseconds, got {step_ms}")
+    if step_ms is not None and not (math.isfinite(step_ms) and step_ms > 0):
+        raise UsageError(f"--step-ms must be a finite positive number of milliseconds, got {step_ms:g}")
+    recorded = manifest.get("unprofiled_step_ms")
+    recorded_ok = isinstance(recorded, (int, float)) and math.isfinite(recorded) and recorded > 0
+    real = step_ms if step_ms is not None else (float(recorded) if recorded_ok else None)
+    a = _analyze_real(seq, real, gpu, gpu_spec, analyzers, cache, workers, dask, keep_traces, progress, folder,
+                      manifest, as_ranks)
+    if real is None:
+        return a
+    busy = max(work_ms_per_step(p) for p in a.parts)
+    traced = max(p.summary.step_time_ms for p in a.parts)
+    if real < busy:
+        if step_ms is not None:
+            raise UsageError(f"--step-ms {step_ms:g} is below the GPU's busy time per step in the trace "
+                             f"({busy:.2f} ms, communication aside): no step can be shorter than its kernels; "
+                             "give the step time measured without the profiler")
+        # The run folder's own figure is impossible: report it, and analyse as if it were unknown.
+        a = _analyze_real(seq, None, gpu, gpu_spec, analyzers, cache, workers, dask, keep_traces, progress, folder,
+                          manifest, as_ranks)
+        return replace(a, notices=(f"the run's recorded unprofiled step time ({real:.2f} ms) is below the GPU's "
+                                   f"busy time per step in the trace ({busy:.2f} ms, communication aside), so it "
+                                   "cannot be right and is not used (pass --step-ms with the real step time)",))
+    if real > FAR_ABOVE_TRACED * traced:
+        what = "--step-ms" if step_ms is not None else "the run's recorded unprofiled step time"
+        return replace(a, notices=(f"{what} ({real:.2f} ms) is {real / traced:.1f}x the traced step "
+                                   f"({traced:.2f} ms); the profiler only adds time, so it is likely of another "
+                                   "program or setting, or counts more than one step",))
+    return a
+
+
+def work_ms_per_step(part: RankPart) -> float:
+    """The GPU's own work per step on one rank: time it ran kernels or copies other than
+    communication. A real step cannot be shorter; exposed communication can (an NCCL kernel spins
+    while it waits for a peer, longer under the profiler), so it is not counted."""
+    b = part.summary.breakdown_pct
+    return part.summary.step_time_ms * (100.0 - b["idle"] - b["communication"]) / 100.0
+
+
+#: A real step this many times the traced one is worth a warning: the profiler only makes steps
+#: longer, and the unprofiled timings of sample_traces/ spread by up to 19 % run to run.
+FAR_ABOVE_TRACED = 1.5
+
+
+def _analyze_real(seq: list[str | Path], step_ms: float | None, gpu: str | None, gpu_spec: str | None,
+                  analyzers: Sequence[str] | None, cache: bool, workers: int | None, dask: str | None,
+                  keep_traces: bool | None, progress: Callable[[int, int, str], None] | None,
+                  folder: Path | None, manifest: dict[str, Any], as_ranks: bool) -> Analysis:
+    """:func:`analyze` with the real step time settled (``step_ms``, or None when unknown)."""
     files = find_traces(seq)
+    run_folder = str(folder) if folder is not None and len(seq) == 1 else None
     jobs = [Job(str(Path(f).resolve()), i, cache, gpu, gpu_spec, step_ms) for i, f in enumerate(files)]
     keep = len(jobs) == 1 if keep_traces is None else keep_traces
     samples, period, gpu_of = _run_nvml(folder, manifest)
@@ -482,17 +543,18 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="gpuprof-cache-"))
             jobs = [replace(j, cache=True, cache_root=tmp) for j in jobs]
         a = _analyze_jobs(jobs, keep, gpu, gpu_spec, analyzers, step_ms, workers, dask, manifest, samples,
-                          period, gpu_of, whole_result_cache=keep_traces is None, progress=progress)
+                          period, gpu_of, whole_result_cache=keep_traces is None, progress=progress,
+                          as_ranks=as_ranks or (len(seq) == 1 and bool(manifest.get("traces"))))
     if not cache:  # loading again later (Analysis.ranks) must not look for the private cache
         a = replace(a, jobs=tuple(replace(j, cache=False, cache_root=None) for j in a.jobs))
-    return a
+    return replace(a, folder=run_folder)
 
 
 def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | None,
                   analyzers: Sequence[str] | None, step_ms: float | None, workers: int | None, dask: str | None,
                   manifest: dict[str, Any], samples: pd.DataFrame | None, period: float,
                   gpu_of: dict[int, int], whole_result_cache: bool = False,
-                  progress: Callable[[int, int, str], None] | None = None) -> Analysis:
+                  progress: Callable[[int, int, str], None] | None = None, as_ranks: bool = True) -> Analysis:
     from gpuprof.analyzers import contributions_in_memory, distributed, findings_of, select
     from gpuprof.trace import cache as pcache
 
@@ -507,7 +569,7 @@ def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | 
         if hit is not None:
             parts_hit, spec_hit, contribs_hit = hit
             _, skipped_hit = select(parts_hit, spec_hit, analyzers)
-            return Analysis(parts=parts_hit, spec=spec_hit, findings=tuple(findings_of(parts_hit, contribs_hit)),
+            return Analysis(parts=parts_hit, spec=spec_hit, **_findings(findings_of(parts_hit, contribs_hit)),
                             skipped=tuple(skipped_hit), run=manifest, jobs=tuple(jobs))
     with _Exec(len(jobs), workers, dask, progress) as ex:
         if keep:
@@ -516,6 +578,8 @@ def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | 
         else:
             firsts = ex.map(part_job, jobs, stage="summarised")
             metas = [p.meta for p, _ in firsts]
+        if not as_ranks:
+            check_ranks(metas, [len(t.steps) for t in traces] if keep else [len(p.steps) for p, _ in firsts])
         ranks = [m.rank for m in metas]
         if len(set(ranks)) != len(ranks):  # e.g. several single-GPU traces: keep them apart by order
             jobs = [j if i == 0 else replace(j, rank=i) for i, j in enumerate(jobs)]
@@ -535,7 +599,7 @@ def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | 
             store_key = job_key(jobs[0], *single, content=content) if result_key and content else None
             if store_key is not None:  # filed under the bytes it was computed from
                 pcache.put_result(store_key, (base.parts, spec, contribs), SingleResult)
-            return replace(base, findings=tuple(findings_of(base.parts, contribs)), skipped=tuple(skipped))
+            return replace(base, **_findings(findings_of(base.parts, contribs)), skipped=tuple(skipped))
         parts = tuple(replace(firsts[i][0], meta=metas[i],
                               collectives=firsts[i][0].collectives.assign(rank=metas[i].rank),
                               nvml=_rank_samples(metas[i], firsts[i][0].steps, samples, gpu_of), nvml_period_s=period)
@@ -548,7 +612,7 @@ def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | 
         contribs = ex.map(findings_job, jobs, parts, [names] * len(parts), [cross.get(p.rank, []) for p in parts],
                           stage="analysed")
     findings = findings_of(parts, [c for cs in contribs for c in cs])
-    return Analysis(parts=parts, spec=spec, findings=tuple(findings), skipped=tuple(skipped), run=manifest,
+    return Analysis(parts=parts, spec=spec, **_findings(findings), skipped=tuple(skipped), run=manifest,
                     jobs=tuple(jobs))
 
 
@@ -556,6 +620,47 @@ def _single_result_type() -> Any:
     from gpuprof.analyzers._base import Contribution
 
     return tuple[tuple[RankPart, ...], GpuSpec | None, list[Contribution]]
+
+
+def _findings(ranked: list[Finding]) -> dict[str, tuple[Finding, ...]]:
+    """Analysis fields from the ranked findings: the fixes, and apart the notes that save nothing."""
+    from gpuprof.analyzers import split_notes
+
+    fixes, notes = split_notes(ranked)
+    return {"findings": tuple(fixes), "notes": tuple(notes)}
+
+
+def check_ranks(metas: Sequence[TraceMeta], n_steps: Sequence[int]) -> None:
+    """Refuse traces that do not look like the ranks of one job: a file given twice, traces
+    without ``distributedInfo`` (torch.distributed was not running), ranks that repeat or do not
+    agree on the world size, different GPU models, or different numbers of profiled steps.
+    Merging unrelated programs would average their step times into a figure of neither."""
+    if len(metas) < 2:
+        return
+    names = [Path(m.path).name for m in metas]
+
+    def refuse(why: str) -> None:
+        raise UsageError(f"{why}; they are not analysed together as ranks of one job (pass --as-ranks if they "
+                         f"are, or report them one at a time): {', '.join(names)}")
+
+    paths = [str(Path(m.path).resolve()) for m in metas]
+    if len(set(paths)) != len(paths):
+        refuse("the same trace file is given more than once")
+    missing = [Path(m.path).name for m in metas if not m.distributed_info]
+    if missing:
+        refuse(f"{', '.join(missing)} {'has' if len(missing) == 1 else 'have'} no distributedInfo "
+               "(torch.distributed was not running)")
+    ranks = [m.rank for m in metas]
+    if len(set(ranks)) != len(ranks):
+        refuse(f"several traces claim the same rank ({', '.join(str(r) for r in ranks)})")
+    worlds = {m.world_size for m in metas}
+    if len(worlds) != 1:
+        refuse(f"their world sizes differ ({', '.join(str(w) for w in sorted(worlds))})")
+    gpus = {m.gpu_name for m in metas}
+    if len(gpus) != 1:
+        refuse(f"they ran on different GPU models ({', '.join(sorted(str(g) for g in gpus))})")
+    if len(set(n_steps)) != 1:
+        refuse(f"their profiled step counts differ ({', '.join(str(n) for n in n_steps)})")
 
 
 def _manifest(paths: Sequence[str | Path]) -> tuple[Path | None, dict[str, Any]]:
