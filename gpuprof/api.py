@@ -579,7 +579,7 @@ def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | 
             firsts = ex.map(part_job, jobs, stage="summarised")
             metas = [p.meta for p, _ in firsts]
         if not as_ranks:
-            check_ranks(metas, [len(t.steps) for t in traces] if keep else [len(p.steps) for p, _ in firsts])
+            check_ranks(metas, [t.steps for t in traces] if keep else [p.steps for p, _ in firsts])
         ranks = [m.rank for m in metas]
         if len(set(ranks)) != len(ranks):  # e.g. several single-GPU traces: keep them apart by order
             jobs = [j if i == 0 else replace(j, rank=i) for i, j in enumerate(jobs)]
@@ -630,14 +630,17 @@ def _findings(ranked: list[Finding]) -> dict[str, tuple[Finding, ...]]:
     return {"findings": tuple(fixes), "notes": tuple(notes)}
 
 
-def check_ranks(metas: Sequence[TraceMeta], n_steps: Sequence[int]) -> None:
+def check_ranks(metas: Sequence[TraceMeta], steps: Sequence[pd.DataFrame]) -> None:
     """Refuse traces that do not look like the ranks of one job: a file given twice, traces
     without ``distributedInfo`` (torch.distributed was not running), ranks that repeat or do not
-    agree on the world size, different GPU models, or different numbers of profiled steps.
-    Merging unrelated programs would average their step times into a figure of neither."""
+    agree on the world size, different GPU models, different numbers of profiled steps, or
+    profiled windows that never overlap in time (ranks of one job step together; two recordings
+    of one program do not). Merging unrelated programs would average their step times into a
+    figure of neither."""
     if len(metas) < 2:
         return
-    names = [Path(m.path).name for m in metas]
+    n_steps = [len(s) for s in steps]
+    names = [f"{Path(m.path).parent.name}/{Path(m.path).name}" for m in metas]
 
     def refuse(why: str) -> None:
         raise UsageError(f"{why}; they are not analysed together as ranks of one job (pass --as-ranks if they "
@@ -646,7 +649,7 @@ def check_ranks(metas: Sequence[TraceMeta], n_steps: Sequence[int]) -> None:
     paths = [str(Path(m.path).resolve()) for m in metas]
     if len(set(paths)) != len(paths):
         refuse("the same trace file is given more than once")
-    missing = [Path(m.path).name for m in metas if not m.distributed_info]
+    missing = [n for n, m in zip(names, metas) if not m.distributed_info]
     if missing:
         refuse(f"{', '.join(missing)} {'has' if len(missing) == 1 else 'have'} no distributedInfo "
                "(torch.distributed was not running)")
@@ -661,6 +664,10 @@ def check_ranks(metas: Sequence[TraceMeta], n_steps: Sequence[int]) -> None:
         refuse(f"they ran on different GPU models ({', '.join(sorted(str(g) for g in gpus))})")
     if len(set(n_steps)) != 1:
         refuse(f"their profiled step counts differ ({', '.join(str(n) for n in n_steps)})")
+    windows = [(m.t0_epoch_ns + s["start"].min() * 1000.0, m.t0_epoch_ns + s["end"].max() * 1000.0)
+               for m, s in zip(metas, steps) if len(s)]
+    if len(windows) == len(metas) and max(w[0] for w in windows) >= min(w[1] for w in windows):
+        refuse("their profiled steps never overlap in time (recorded at different times)")
 
 
 def _manifest(paths: Sequence[str | Path]) -> tuple[Path | None, dict[str, Any]]:

@@ -30,9 +30,12 @@ HOST_SIDE = ("launch_overhead", "input_pipeline", "host_sync")
 
 
 def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:
-    """``text`` wrapped to ``width`` columns after the prefixes; a `code` span is never split
-    across lines, and nothing is cut (a word longer than a line gets a line of its own)."""
-    protected = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", "\u00a0"), text)
+    """``text`` wrapped to ``width`` columns after the prefixes; a `code` span that fits on a line
+    is never split across lines (a longer one breaks at its own spaces), and nothing is cut (a
+    word longer than a line gets a line of its own)."""
+    room = max(20, width) - len(rest)
+    protected = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", "\u00a0") if len(m.group(0)) < room
+                       else m.group(0), text)
     lines = textwrap.wrap(protected, width=max(20, width), initial_indent=first, subsequent_indent=rest,
                           break_long_words=False, break_on_hyphens=False)
     return [ln.replace("\u00a0", " ") for ln in lines] or [first.rstrip()]
@@ -87,7 +90,7 @@ def render_text(doc: dict[str, Any], color: bool = False, top: int = 10, width: 
     for i, f in enumerate(findings[:top], 1):
         saving = (f"saves ~{f['estimated_savings_ms']:.2f} ms/step ({f['estimated_savings_pct']:.1f}%)"
                   if f["estimated_savings_ms"] > 0 else "informational, no saving estimated")
-        head = f"{i}. [{f['severity']}, confidence {f['confidence']}] {_safe(f['title'])}  {saving}"
+        head = f"{i}. [{f['severity']}, confidence {f['confidence']}] {_safe(f['title'])}  " + saving.replace(" ", "\u00a0")
         lines += _wrap(head, w, "  ", "     ")
         lines += [dim(x) for x in _wrap(_safe(f["recommendation"]), w, "     fix: ", "          ")]
     if len(findings) > top:
@@ -108,15 +111,15 @@ def render_text(doc: dict[str, Any], color: bool = False, top: int = 10, width: 
 
     lines.append("")
     lines.append(bold("Top kernels") + " (per step)")
-    head = f"  {'ms/step':>8} {'count':>6} {'bound':>8} {'roof%':>6} {'TFLOP/s':>8} {'GB/s':>7}  "
+    rates = w >= 80  # a narrow terminal keeps the name readable rather than the achieved rates
+    head = f"  {'ms/step':>8} {'count':>6} {'bound':>8} {'roof%':>6} " + (f"{'TFLOP/s':>8} {'GB/s':>7}  " if rates else " ")
     lines.append(head + "name")
-    room = max(20, w - len(head))
+    room = max(12, w - len(head))
     for k in doc.get("kernels", [])[:top]:
-        per_step = k.get("ms_per_step")
         roof = _num(k["roofline_pct"], "{:.0f}") + ("!" if k.get("cost_model_error") else "")
-        lines.append(f"  {_num(per_step, '{:8.3f}'):>8} {k['count']:6d} {k['bound']:>8} {roof:>6} "
-                     f"{_num(k['achieved_tflops'], '{:.1f}'):>8} {_num(k['achieved_gbps'], '{:.0f}'):>7}  "
-                     f"{_safe(short_name(str(k['name']), room))}")
+        rate = (f"{_num(k['achieved_tflops'], '{:.1f}'):>8} {_num(k['achieved_gbps'], '{:.0f}'):>7}  " if rates else " ")
+        lines.append(f"  {_num(k.get('ms_per_step'), '{:8.3f}'):>8} {k['count']:6d} {k['bound']:>8} {roof:>6} "
+                     f"{rate}{_safe(short_name(str(k['name']), room))}")
     if any(k.get("cost_model_error") for k in doc.get("kernels", [])[:top]):
         lines.append(dim("  !: some instances ran above their roofline, a cost-model error left out of roof% (see note)"))
     return "\n".join(lines) + "\n"
