@@ -132,8 +132,12 @@ def subject(doc: dict[str, Any]) -> str:
     src = doc["source"]
     if src.get("run_folder"):
         return f"run {Path(src['run_folder']).name}"
-    names = [Path(p).name for p in src["paths"]]
-    return names[0] if len(names) == 1 else f"{names[0]} and {len(names) - 1} more"
+    paths = [Path(p) for p in src["paths"]]
+    if len(paths) == 1:
+        return paths[0].name
+    if len({p.parent for p in paths}) == 1:  # a folder of rank traces
+        return f"{paths[0].parent.name}/ ({len(paths)} traces)"
+    return f"{paths[0].name} and {len(paths) - 1} more"
 
 
 def render_html(doc: dict[str, Any], detail: dict[str, Any]) -> str:
@@ -156,7 +160,7 @@ def render_html(doc: dict[str, Any], detail: dict[str, Any]) -> str:
         charts[f"nvml{i}"] = n["figure"]
     if summary.get("per_rank"):
         charts["ranks"] = _ranks_figure(summary["per_rank"])
-    kernels = [{**k, "short": short_name(str(k["name"]))} for k in doc["kernels"][:300]]
+    kernels = [{**k, "short": short_name(str(k["name"]), 64)} for k in doc["kernels"][:300]]  # ~460 px
     return _ENV.get_template("report.html.j2").render(
         doc=doc, s=summary, step_ms=step, findings=findings, kernels=kernels, subject=subject(doc),
         more_kernels=max(0, len(doc["kernels"]) - 300), nvml=[{"id": f"nvml{i}", "title": n["title"]} for i, n in

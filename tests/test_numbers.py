@@ -280,3 +280,11 @@ def test_ctrl_c_during_report_exits_130_with_one_line(tmp_path: Path, workers: i
     out, err = p.communicate(timeout=60)
     assert p.returncode == 130, err
     assert err.strip() == "gpuprof: interrupted" and not out
+
+
+def test_diff_does_not_use_an_impossible_recorded_step_time() -> None:
+    """main said -93.8 % for the unprofiled step: 81.60 ms against run_vision_workers' impossible 5.05 ms."""
+    r = _cli("diff", str(SAMPLES / "run_vision_inline"), str(SAMPLES / "run_vision_workers"))
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("step time (no profiler)"))
+    assert line.endswith("n/a") and "5.05 ms" in r.stdout and "not used" in r.stdout
