@@ -68,8 +68,9 @@ def classify(trace: RankTrace, spec: GpuSpec | None) -> pd.DataFrame:
     # Split an op's FLOPs and bytes over its kernels by duration (split-K GEMM + reduce, etc.).
     op_time = k.groupby("op")["dur"].transform("sum").to_numpy()
     share = np.where(has & (op_time > 0), k["dur"].to_numpy() / np.where(op_time > 0, op_time, 1), np.nan)
-    flops = costs["flops"].reindex(op).to_numpy() * share
-    nbytes = costs["bytes"].reindex(op).to_numpy() * share
+    # float even when no op had a cost (a GPU-only trace: the empty frame's columns are object)
+    flops = costs["flops"].reindex(op).to_numpy(dtype=float) * share
+    nbytes = costs["bytes"].reindex(op).to_numpy(dtype=float) * share
     # TensorList bytes were counted at an assumed element size: the kernel's name may state the real one.
     assumed = costs["elt_assumed"].reindex(op).fillna(False).to_numpy(dtype=bool)
     if assumed.any():

@@ -122,13 +122,13 @@ def test_run_folder_with_an_impossible_recorded_step_time_is_reported_and_not_us
 
 
 def test_every_recorded_run_folder_step_time_used_is_possible() -> None:
-    from gpuprof.api import work_ms_per_step
+    from gpuprof.api import WORK_TOLERANCE, work_ms_per_step
 
     for run in sorted(p for p in SAMPLES.glob("run_*") if p.is_dir()):
         a = gpuprof.analyze(run)
         real = a.summary["unprofiled_step_time_ms"]
         if real is not None:
-            assert real >= max(work_ms_per_step(p) for p in a.parts), run.name
+            assert real >= (1 - WORK_TOLERANCE) * max(work_ms_per_step(p) for p in a.parts), run.name
 
 
 # --- findings that save nothing, and the order -------------------------------------------
@@ -288,3 +288,16 @@ def test_diff_does_not_use_an_impossible_recorded_step_time() -> None:
     assert r.returncode == 0, r.stderr
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("step time (no profiler)"))
     assert line.endswith("n/a") and "5.05 ms" in r.stdout and "not used" in r.stdout
+
+
+@pytest.mark.parametrize("name", ["gpt_fp32", "vision_pinned", "mlp_graph", "tiny_graph", "gpt_bf16",
+                                  "ddp_manual_allreduce/rank0", "gpt_gpu_only"])
+def test_measured_step_times_are_accepted(name: str) -> None:
+    """Each program's own unprofiled timing (timings/) passes the check, the GPU-bound ones within
+    1-3 % of their traced kernel time, the all-reduce one although its NCCL kernels spin for
+    twice the real step, the GPU-only one though its trace has no step markers."""
+    timing = name.replace("/", "_")
+    real = float(json.loads((SAMPLES / "timings" / f"{timing}.json").read_text())["step_ms"])
+    a = gpuprof.analyze(SAMPLES / f"{name}.json.gz", step_ms=real)
+    assert a.summary["unprofiled_step_time_ms"] == real
+    assert not any("step time" in w or "--step-ms" in w for w in a.warnings)
