@@ -487,8 +487,9 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
     if step_ms is not None and not (math.isfinite(step_ms) and step_ms > 0):
         raise UsageError(f"--step-ms must be a finite positive number of milliseconds, got {step_ms:g}")
     recorded = manifest.get("unprofiled_step_ms")
-    recorded_ok = isinstance(recorded, (int, float)) and math.isfinite(recorded) and recorded > 0
-    real = step_ms if step_ms is not None else (float(recorded) if recorded_ok else None)
+    if not (isinstance(recorded, (int, float)) and math.isfinite(recorded) and recorded > 0):
+        recorded = None
+    real = step_ms if step_ms is not None else (float(recorded) if recorded is not None else None)
     a = _analyze_real(seq, real, gpu, gpu_spec, analyzers, cache, workers, dask, keep_traces, progress, folder,
                       manifest, as_ranks)
     if real is None or any(p.meta.steps_source == "whole trace" for p in a.parts):
@@ -575,7 +576,8 @@ def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | 
         if hit is not None:
             parts_hit, spec_hit, contribs_hit = hit
             _, skipped_hit = select(parts_hit, spec_hit, analyzers)
-            return Analysis(parts=parts_hit, spec=spec_hit, **_findings(findings_of(parts_hit, contribs_hit)),
+            fixes, notes = _findings(findings_of(parts_hit, contribs_hit))
+            return Analysis(parts=parts_hit, spec=spec_hit, findings=fixes, notes=notes,
                             skipped=tuple(skipped_hit), run=manifest, jobs=tuple(jobs))
     with _Exec(len(jobs), workers, dask, progress) as ex:
         if keep:
@@ -605,7 +607,8 @@ def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | 
             store_key = job_key(jobs[0], *single, content=content) if result_key and content else None
             if store_key is not None:  # filed under the bytes it was computed from
                 pcache.put_result(store_key, (base.parts, spec, contribs), SingleResult)
-            return replace(base, **_findings(findings_of(base.parts, contribs)), skipped=tuple(skipped))
+            fixes, notes = _findings(findings_of(base.parts, contribs))
+            return replace(base, findings=fixes, notes=notes, skipped=tuple(skipped))
         parts = tuple(replace(firsts[i][0], meta=metas[i],
                               collectives=firsts[i][0].collectives.assign(rank=metas[i].rank),
                               nvml=_rank_samples(metas[i], firsts[i][0].steps, samples, gpu_of), nvml_period_s=period)
@@ -617,8 +620,8 @@ def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | 
                                  names)
         contribs = ex.map(findings_job, jobs, parts, [names] * len(parts), [cross.get(p.rank, []) for p in parts],
                           stage="analysed")
-    findings = findings_of(parts, [c for cs in contribs for c in cs])
-    return Analysis(parts=parts, spec=spec, **_findings(findings), skipped=tuple(skipped), run=manifest,
+    fixes, notes = _findings(findings_of(parts, [c for cs in contribs for c in cs]))
+    return Analysis(parts=parts, spec=spec, findings=fixes, notes=notes, skipped=tuple(skipped), run=manifest,
                     jobs=tuple(jobs))
 
 
@@ -628,12 +631,12 @@ def _single_result_type() -> Any:
     return tuple[tuple[RankPart, ...], GpuSpec | None, list[Contribution]]
 
 
-def _findings(ranked: list[Finding]) -> dict[str, tuple[Finding, ...]]:
-    """Analysis fields from the ranked findings: the fixes, and apart the notes that save nothing."""
+def _findings(ranked: list[Finding]) -> tuple[tuple[Finding, ...], tuple[Finding, ...]]:
+    """The ranked findings as (fixes, notes): notes are those that save nothing measurable."""
     from gpuprof.analyzers import split_notes
 
     fixes, notes = split_notes(ranked)
-    return {"findings": tuple(fixes), "notes": tuple(notes)}
+    return tuple(fixes), tuple(notes)
 
 
 def check_ranks(metas: Sequence[TraceMeta], steps: Sequence[pd.DataFrame]) -> None:
