@@ -60,8 +60,10 @@ def render_text(doc: dict[str, Any], color: bool = False, top: int = 10, width: 
     dim = (lambda x: f"\x1b[2m{x}\x1b[0m") if color else (lambda x: x)
     s = doc["summary"]
     gpu = doc["gpu"]
-    lines = [bold(f"gpuprof {doc['tool']['version']}") + f"  {_safe(gpu['name'])}"
-             + (f" ({_safe(gpu['spec']['source'])})" if gpu["spec"].get("source") else "")]
+    tool = f"gpuprof {doc['tool']['version']}"
+    header = _wrap(f"{tool}  {_safe(gpu['name'])}" + (f" ({_safe(gpu['spec']['source'])})" if gpu["spec"].get("source")
+                                                       else ""), w, "", "  ")
+    lines = [bold(tool) + header[0][len(tool):], *header[1:]]
     src = doc["source"]
     what = f"run {src['run_folder']}" if src.get("run_folder") else ", ".join(src["paths"])
     lines += _wrap(_safe(what), w, "", "  ")
