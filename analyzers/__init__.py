@@ -4,7 +4,8 @@ An analyzer is a pure function ``(analysis) -> list[Candidate]`` that reads one 
 and roofline frames and never mutates them (the cross-rank ones work from every rank's small
 collective table: :mod:`gpuprof.analyzers.distributed`). Each declares what it needs (GPU events, shapes, several
 ranks, NVML samples); when a trace lacks it, the analyzer is skipped and the report says why.
-Findings are ranked by estimated saving, best first.
+Findings are ranked by estimated saving, best first (``RANKING`` says how, in words); those that
+save next to nothing are notes (:func:`split_notes`).
 """
 
 from __future__ import annotations
@@ -101,16 +102,33 @@ def select(parts: Sequence[RankPart], spec: GpuSpec | None, only: Sequence[str] 
 #: reported saving is the estimate itself.
 LOW_CONFIDENCE_WEIGHT = 0.5
 
+#: A saving below this share of the step is no fix: a tenth of the run-to-run spread of the
+#: steadiest step timings in sample_traces/ (1 %), far below what any measurement could confirm.
+NEGLIGIBLE_PCT = 0.1
+
+#: How findings are ordered, in words: the JSON report's ``ranking.by``, shown by every report.
+RANKING = (f"ranked by estimated saving per step; low-confidence savings count x{LOW_CONFIDENCE_WEIGHT:g}, as "
+           "host time measured under the profiler runs slow")
+
+
+def ranked_saving_ms(f: Finding) -> float:
+    """What a finding is ranked by: its estimated saving per step, times ``LOW_CONFIDENCE_WEIGHT``
+    when its confidence is low."""
+    return f.estimated_savings_ms * (LOW_CONFIDENCE_WEIGHT if f.confidence == "low" else 1.0)
+
 
 def rank_findings(findings: Sequence[Finding]) -> list[Finding]:
-    """Best first: by estimated saving, low-confidence ones weighed at ``LOW_CONFIDENCE_WEIGHT``,
-    so a bare trace's profiler-inflated host time does not outrank a defect of similar size we
-    can stand behind; then by id for a stable order."""
-    def key(f: Finding) -> tuple[float, str]:
-        w = LOW_CONFIDENCE_WEIGHT if f.confidence == "low" else 1.0
-        return (-f.estimated_savings_ms * w, f.id)
+    """Best first by :func:`ranked_saving_ms`, so a bare trace's profiler-inflated host time does
+    not outrank a defect of similar size we can stand behind; then by id for a stable order."""
+    return sorted(findings, key=lambda f: (-ranked_saving_ms(f), f.id))
 
-    return sorted(findings, key=key)
+
+def split_notes(findings: Sequence[Finding]) -> tuple[list[Finding], list[Finding]]:
+    """(fixes, notes): a finding whose saving is positive but below ``NEGLIGIBLE_PCT`` of the step
+    saves nothing a user could see, so it is a note, not a fix. Informational findings (no saving
+    estimated, severity "info", e.g. memory headroom) stay with the fixes, after them."""
+    notes = [f for f in findings if 0 < f.estimated_savings_pct < NEGLIGIBLE_PCT]
+    return [f for f in findings if f not in notes], notes
 
 
 def rank_contributions(one_rank: Analysis, active: Sequence[Analyzer], cross: Sequence[CrossCandidate] = ()

@@ -30,7 +30,11 @@ def run(analysis: Analysis) -> list[Candidate]:
         k = v.kernels.sort_values(["device", "stream", "ts"], kind="stable")
         if k.empty:
             continue
-        ok = (k["family"].astype(str).isin(FUSIBLE) & k["bound"].isin(["memory", "latency"])
+        # A kernel that ran above its HBM roofline (roofline.MODEL_ERROR_PCT: data already in L2)
+        # is still a chain member a fusion removes; it is taken as running at its roof.
+        err = k["model_error"].to_numpy(dtype=bool)
+        k = k.assign(t_roof_us=np.where(err, k["dur"], k["t_roof_us"]))
+        ok = (k["family"].astype(str).isin(FUSIBLE) & (k["bound"].isin(["memory", "latency"]) | err)
               & np.isfinite(k["t_roof_us"]) & ~v.in_optimizer().reindex(k.index)).to_numpy()
         lane = (k["device"].astype(np.int64) * 100_003 + k["stream"] * 101 + k["step"]).to_numpy()
         brk = np.r_[True, (~ok[1:]) | (~ok[:-1]) | (lane[1:] != lane[:-1])]

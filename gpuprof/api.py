@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import tempfile
 from collections.abc import Callable, Sequence
@@ -22,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 import gpuprof
-from gpuprof.errors import GpuprofError, TraceError
+from gpuprof.errors import GpuprofError, TraceError, UsageError
 from gpuprof.findings import Finding
 from gpuprof.ranks import (
     Job,
@@ -206,6 +207,9 @@ class Analysis:
     run: dict[str, Any] = field(default_factory=dict)  # the run folder's manifest, when there is one
     jobs: tuple[Job, ...] = field(default_factory=tuple)  # how to load each rank again, in parts' order
     results: tuple[RankResult, ...] | None = None  # the ranks' frames, when kept in memory
+    notices: tuple[str, ...] = ()  # what the analysis itself warns of (an impossible step time, ...)
+    notes: tuple[Finding, ...] = ()  # findings that save (next to) nothing: not fixes, listed apart
+    folder: str | None = None  # the run folder analysed, when it was one
 
     # --- frames ----------------------------------------------------------------------------
     @cached_property
@@ -328,18 +332,37 @@ class Analysis:
                         f"(tokens, keys, passwords) and are shown as <redacted>")
         if self.spec is None:
             seen.append("unknown GPU: no roofline (pass --gpu NAME or --gpu-spec FILE); kernels are 'unknown'")
+        t = self.kernel_table
+        bad = t[t["cost_model_error"].astype(bool)] if "cost_model_error" in t else t.iloc[:0]
+        if len(bad):
+            from gpuprof.roofline import MODEL_ERROR_PCT
+
+            n = int(bad["cost_model_error_count"].sum())
+            seen.append(f"cost-model error: {n} instance{'s' if n != 1 else ''} of {len(bad)} kernel "
+                        f"name{'s' if len(bad) != 1 else ''} each ran above its roofline (> {MODEL_ERROR_PCT:.0f} %), "
+                        "which no kernel can: the FLOP/byte model or the GPU peaks do not hold for them (e.g. data "
+                        "already in L2). They are flagged in the kernel table, counted as 'unknown' time and left "
+                        "out of MFU")
+        seen.extend(self.notices)
         return seen
 
     # --- output ----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """The JSON report's document (schema_version 1)."""
+        from gpuprof.analyzers import LOW_CONFIDENCE_WEIGHT, NEGLIGIBLE_PCT, RANKING, ranked_saving_ms
+
         spec = self.spec
         meta = self.parts[0].meta
         table = self.kernel_table
+        rank_steps = sum(p.n_steps for p in self.parts)  # total_us is summed over every rank's profiled steps
         kernels = [
-            {"name": r["name"], "count": int(r["count"]), "total_us": _f(r["total_us"]), "flops": _f(r["flops"]),
+            {"name": r["name"], "count": int(r["count"]), "total_us": _f(r["total_us"]),
+             "ms_per_step": _f(r["total_us"] / 1000.0 / rank_steps), "flops": _f(r["flops"]),
              "bytes": _f(r["bytes"]), "achieved_tflops": _f(r["achieved_tflops"]),
              "achieved_gbps": _f(r["achieved_gbps"]), "bound": str(r["bound"]), "roofline_pct": _f(r["roofline_pct"]),
+             "cost_model_error": bool(r["cost_model_error"]),
+             "cost_model_error_count": int(r["cost_model_error_count"]),
+             "cost_model_error_pct": _f(r["cost_model_error_pct"]),
              "engine": r["engine"] or None,
              "math_dtype": r["math_dtype"] if isinstance(r["math_dtype"], str) else None,
              "op": r["op"] if isinstance(r["op"], str) else None,
@@ -350,7 +373,7 @@ class Analysis:
         return {
             "schema_version": SCHEMA_VERSION,
             "tool": {"name": "gpuprof", "version": gpuprof.__version__},
-            "source": {"paths": [p.meta.path for p in self.parts],
+            "source": {"paths": [p.meta.path for p in self.parts], "run_folder": self.folder,
                        "ranks": [p.rank for p in self.parts],
                        "world_size": meta.world_size, "time_origin": meta.time_origin},
             "gpu": {
@@ -369,7 +392,10 @@ class Analysis:
             "summary": _clean(summary),
             "kernels": kernels,
             "nvml": _clean(self.nvml_summary),
-            "findings": [f.to_dict() for f in self.findings],
+            "findings": [{**f.to_dict(), "ranked_by_ms": round(ranked_saving_ms(f), 4)} for f in self.findings],
+            "ranking": {"by": RANKING, "low_confidence_weight": LOW_CONFIDENCE_WEIGHT,
+                        "negligible_below_pct": NEGLIGIBLE_PCT},
+            "notes": [f.to_dict() for f in self.notes],
             "analyzers_skipped": list(self.skipped),
             "warnings": self.warnings,
         }
@@ -415,10 +441,11 @@ class Analysis:
         text: str = render_json(self.to_dict(), indent=indent)
         return text
 
-    def to_text(self, color: bool = False) -> str:
+    def to_text(self, color: bool = False, width: int | None = None) -> str:
+        """The terminal summary, wrapped to ``width`` columns (default 100)."""
         from gpuprof.reports.text import render_text
 
-        text: str = render_text(self.to_dict(), color=color)
+        text: str = render_text(self.to_dict(), color=color, width=width)
         return text
 
 
@@ -562,7 +589,7 @@ def slow_job(job: Job, waits: pd.DataFrame, waiting: int) -> dict[str, Any]:
 def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gpu_spec: str | None = None,
             analyzers: Sequence[str] | None = None, step_ms: float | None = None, cache: bool = True,
             workers: int | None = None, dask: str | None = None, keep_traces: bool | None = None,
-            progress: Callable[[int, int, str], None] | None = None) -> Analysis:
+            progress: Callable[[int, int, str], None] | None = None, as_ranks: bool = False) -> Analysis:
     """Load and analyse traces. ``gpu`` overrides the trace's device name (e.g. ``"H100-SXM"``);
     ``gpu_spec`` is a spec file (``gpuprof calibrate`` output); ``analyzers`` restricts which run;
     ``step_ms`` is the step time measured *without* the profiler (from training logs), which
@@ -577,14 +604,74 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
     reduced where it is loaded to a small summary (:mod:`gpuprof.ranks`) and only those cross to
     this process, so memory here does not grow with the traces; ``Analysis.ranks`` then loads
     the frames again on first use. ``progress(done, total, stage)``, when given, is called as
-    ranks finish each stage ("loaded", "summarised", "analysed")."""
+    ranks finish each stage ("loaded", "summarised", "analysed").
+
+    The real step time is checked against the trace: ``step_ms`` that is not a finite positive
+    number, or below the GPU's busy time per step (no step is shorter than its kernels; less
+    ``WORK_TOLERANCE`` for timing noise; not checked without step markers), is a
+    :class:`UsageError`; a run folder's recorded figure below it is reported in ``warnings`` and
+    not used; either far above the traced step (``FAR_ABOVE_TRACED``) is warned of.
+
+    Several traces are analysed as ranks of one job only when they look like one (see
+    :func:`check_ranks`) or ``as_ranks`` says so; otherwise a :class:`UsageError` says why."""
     seq = [paths] if isinstance(paths, (str, Path)) else list(paths)
     folder, manifest = _manifest(seq)
-    if step_ms is None and manifest.get("unprofiled_step_ms") is not None:  # checked: a positive number
-        step_ms = float(manifest["unprofiled_step_ms"])
-    if step_ms is not None and not (np.isfinite(step_ms) and step_ms > 0):
-        raise GpuprofError(f"--step-ms must be a positive number of milliseconds, got {step_ms}")
+    if step_ms is not None and not (math.isfinite(step_ms) and step_ms > 0):
+        raise UsageError(f"--step-ms must be a finite positive number of milliseconds, got {step_ms:g}")
+    recorded = manifest.get("unprofiled_step_ms")
+    if not (isinstance(recorded, (int, float)) and math.isfinite(recorded) and recorded > 0):
+        recorded = None
+    real = step_ms if step_ms is not None else (float(recorded) if recorded is not None else None)
+    a = _analyze_real(seq, real, gpu, gpu_spec, analyzers, cache, workers, dask, keep_traces, progress, folder,
+                      manifest, as_ranks)
+    if real is None or any(p.meta.steps_source == "whole trace" for p in a.parts):
+        return a  # without step markers the trace's one "step" is not the program's: nothing to compare
+    busy = max(work_ms_per_step(p) for p in a.parts)
+    traced = max(p.summary.step_time_ms for p in a.parts)
+    if real < busy * (1.0 - WORK_TOLERANCE):
+        if step_ms is not None:
+            raise UsageError(f"--step-ms {step_ms:g} is below the GPU's busy time per step in the trace "
+                             f"({busy:.2f} ms, communication aside): no step can be shorter than its kernels; "
+                             "give the step time measured without the profiler")
+        # The run folder's own figure is impossible: report it, and analyse as if it were unknown.
+        a = _analyze_real(seq, None, gpu, gpu_spec, analyzers, cache, workers, dask, keep_traces, progress, folder,
+                          manifest, as_ranks)
+        return replace(a, notices=(f"the run's recorded unprofiled step time ({real:.2f} ms) is below the GPU's "
+                                   f"busy time per step in the trace ({busy:.2f} ms, communication aside), so it "
+                                   "cannot be right and is not used (pass --step-ms with the real step time)",))
+    if real > FAR_ABOVE_TRACED * traced:
+        what = "--step-ms" if step_ms is not None else "the run's recorded unprofiled step time"
+        return replace(a, notices=(f"{what} ({real:.2f} ms) is {real / traced:.1f}x the traced step "
+                                   f"({traced:.2f} ms); the profiler only adds time, so it is likely of another "
+                                   "program or setting, or counts more than one step",))
+    return a
+
+
+def work_ms_per_step(part: RankPart) -> float:
+    """The GPU's own work per step on one rank: time it ran kernels or copies other than
+    communication. A real step cannot be shorter; exposed communication can (an NCCL kernel spins
+    while it waits for a peer, longer under the profiler), so it is not counted."""
+    b = part.summary.breakdown_pct
+    return part.summary.step_time_ms * (100.0 - b["idle"] - b["communication"]) / 100.0
+
+
+#: How far below the traced GPU work per step a real step time may be before it is impossible:
+#: kernel times under the profiler run a little long (mlp_graph, a CUDA graph replay: 0.42 ms of
+#: kernels per traced step, 0.41 ms per step without the profiler).
+WORK_TOLERANCE = 0.05
+
+#: A real step this many times the traced one is worth a warning: the profiler only makes steps
+#: longer, and the unprofiled timings of sample_traces/ spread by up to 19 % run to run.
+FAR_ABOVE_TRACED = 1.5
+
+
+def _analyze_real(seq: list[str | Path], step_ms: float | None, gpu: str | None, gpu_spec: str | None,
+                  analyzers: Sequence[str] | None, cache: bool, workers: int | None, dask: str | None,
+                  keep_traces: bool | None, progress: Callable[[int, int, str], None] | None,
+                  folder: Path | None, manifest: dict[str, Any], as_ranks: bool) -> Analysis:
+    """:func:`analyze` with the real step time settled (``step_ms``, or None when unknown)."""
     files = find_traces(seq)
+    run_folder = str(folder) if folder is not None and len(seq) == 1 else None
     jobs = [Job(str(Path(f).resolve()), i, cache, gpu, gpu_spec, step_ms) for i, f in enumerate(files)]
     keep = len(jobs) == 1 if keep_traces is None else keep_traces
     samples, period, gpu_of = _run_nvml(folder, manifest)
@@ -595,17 +682,18 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="gpuprof-cache-"))
             jobs = [replace(j, cache=True, cache_root=tmp) for j in jobs]
         a = _analyze_jobs(jobs, keep, gpu, gpu_spec, analyzers, step_ms, workers, dask, manifest, samples,
-                          period, gpu_of, whole_result_cache=keep_traces is None, progress=progress)
+                          period, gpu_of, whole_result_cache=keep_traces is None, progress=progress,
+                          as_ranks=as_ranks or (len(seq) == 1 and bool(manifest.get("traces"))))
     if not cache:  # loading again later (Analysis.ranks) must not look for the private cache
         a = replace(a, jobs=tuple(replace(j, cache=False, cache_root=None) for j in a.jobs))
-    return a
+    return replace(a, folder=run_folder)
 
 
 def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | None,
                   analyzers: Sequence[str] | None, step_ms: float | None, workers: int | None, dask: str | None,
                   manifest: dict[str, Any], samples: pd.DataFrame | None, period: float,
                   gpu_of: dict[int, int], whole_result_cache: bool = False,
-                  progress: Callable[[int, int, str], None] | None = None) -> Analysis:
+                  progress: Callable[[int, int, str], None] | None = None, as_ranks: bool = True) -> Analysis:
     from gpuprof.analyzers import contributions_in_memory, distributed, findings_of, select
     from gpuprof.trace import cache as pcache
 
@@ -620,7 +708,8 @@ def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | 
         if hit is not None:
             parts_hit, spec_hit, contribs_hit = hit
             _, skipped_hit = select(parts_hit, spec_hit, analyzers)
-            return Analysis(parts=parts_hit, spec=spec_hit, findings=tuple(findings_of(parts_hit, contribs_hit)),
+            fixes, notes = _findings(findings_of(parts_hit, contribs_hit))
+            return Analysis(parts=parts_hit, spec=spec_hit, findings=fixes, notes=notes,
                             skipped=tuple(skipped_hit), run=manifest, jobs=tuple(jobs))
     with _Exec(len(jobs), workers, dask, progress) as ex:
         if keep:
@@ -629,6 +718,8 @@ def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | 
         else:
             firsts = ex.map(part_job, jobs, stage="summarised")
             metas = [p.meta for p, _ in firsts]
+        if not as_ranks:
+            check_ranks(metas, [t.steps for t in traces] if keep else [p.steps for p, _ in firsts])
         ranks = [m.rank for m in metas]
         if len(set(ranks)) != len(ranks):  # e.g. several single-GPU traces: keep them apart by order
             jobs = [j if i == 0 else replace(j, rank=i) for i, j in enumerate(jobs)]
@@ -648,7 +739,8 @@ def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | 
             store_key = job_key(jobs[0], *single, content=content) if result_key and content else None
             if store_key is not None:  # filed under the bytes it was computed from
                 pcache.put_result(store_key, (base.parts, spec, contribs), SingleResult)
-            return replace(base, findings=tuple(findings_of(base.parts, contribs)), skipped=tuple(skipped))
+            fixes, notes = _findings(findings_of(base.parts, contribs))
+            return replace(base, findings=fixes, notes=notes, skipped=tuple(skipped))
         parts = tuple(replace(firsts[i][0], meta=metas[i],
                               collectives=firsts[i][0].collectives.assign(rank=metas[i].rank),
                               nvml=_rank_samples(metas[i], firsts[i][0].steps, samples, gpu_of), nvml_period_s=period)
@@ -660,8 +752,8 @@ def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | 
                                  names)
         contribs = ex.map(findings_job, jobs, parts, [names] * len(parts), [cross.get(p.rank, []) for p in parts],
                           stage="analysed")
-    findings = findings_of(parts, [c for cs in contribs for c in cs])
-    return Analysis(parts=parts, spec=spec, findings=tuple(findings), skipped=tuple(skipped), run=manifest,
+    fixes, notes = _findings(findings_of(parts, [c for cs in contribs for c in cs]))
+    return Analysis(parts=parts, spec=spec, findings=fixes, notes=notes, skipped=tuple(skipped), run=manifest,
                     jobs=tuple(jobs))
 
 
@@ -669,6 +761,54 @@ def _single_result_type() -> Any:
     from gpuprof.analyzers._base import Contribution
 
     return tuple[tuple[RankPart, ...], GpuSpec | None, list[Contribution]]
+
+
+def _findings(ranked: list[Finding]) -> tuple[tuple[Finding, ...], tuple[Finding, ...]]:
+    """The ranked findings as (fixes, notes): notes are those that save nothing measurable."""
+    from gpuprof.analyzers import split_notes
+
+    fixes, notes = split_notes(ranked)
+    return tuple(fixes), tuple(notes)
+
+
+def check_ranks(metas: Sequence[TraceMeta], steps: Sequence[pd.DataFrame]) -> None:
+    """Refuse traces that do not look like the ranks of one job: a file given twice, traces
+    without ``distributedInfo`` (torch.distributed was not running), ranks that repeat or do not
+    agree on the world size, different GPU models, different numbers of profiled steps, or
+    profiled windows that never overlap in time (ranks of one job step together; two recordings
+    of one program do not). Merging unrelated programs would average their step times into a
+    figure of neither."""
+    if len(metas) < 2:
+        return
+    n_steps = [len(s) for s in steps]
+    names = [f"{Path(m.path).parent.name}/{Path(m.path).name}" for m in metas]
+
+    def refuse(why: str) -> None:
+        raise UsageError(f"{why}; they are not analysed together as ranks of one job (pass --as-ranks if they "
+                         f"are, or report them one at a time): {', '.join(names)}")
+
+    paths = [str(Path(m.path).resolve()) for m in metas]
+    if len(set(paths)) != len(paths):
+        refuse("the same trace file is given more than once")
+    missing = [n for n, m in zip(names, metas) if not m.distributed_info]
+    if missing:
+        refuse(f"{', '.join(missing)} {'has' if len(missing) == 1 else 'have'} no distributedInfo "
+               "(torch.distributed was not running)")
+    ranks = [m.rank for m in metas]
+    if len(set(ranks)) != len(ranks):
+        refuse(f"several traces claim the same rank ({', '.join(str(r) for r in ranks)})")
+    worlds = {m.world_size for m in metas}
+    if len(worlds) != 1:
+        refuse(f"their world sizes differ ({', '.join(str(w) for w in sorted(worlds))})")
+    gpus = {m.gpu_name for m in metas}
+    if len(gpus) != 1:
+        refuse(f"they ran on different GPU models ({', '.join(sorted(str(g) for g in gpus))})")
+    if len(set(n_steps)) != 1:
+        refuse(f"their profiled step counts differ ({', '.join(str(n) for n in n_steps)})")
+    windows = [(m.t0_epoch_ns + s["start"].min() * 1000.0, m.t0_epoch_ns + s["end"].max() * 1000.0)
+               for m, s in zip(metas, steps) if len(s)]
+    if len(windows) == len(metas) and max(w[0] for w in windows) >= min(w[1] for w in windows):
+        refuse("their profiled steps never overlap in time (recorded at different times)")
 
 
 def _manifest(paths: Sequence[str | Path]) -> tuple[Path | None, dict[str, Any]]:

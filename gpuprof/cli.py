@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import stat
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,13 @@ def _progress(done: int, total: int, stage: str) -> None:
 
 def _color() -> bool:
     return sys.stdout.isatty() and "NO_COLOR" not in os.environ
+
+
+def _width() -> int:
+    """The terminal's width (``COLUMNS`` when set, 100 when stdout is not a terminal)."""
+    import shutil
+
+    return shutil.get_terminal_size((100, 24)).columns
 
 
 def _emit(text: str, output: Path | None, force: bool) -> None:
@@ -140,27 +149,60 @@ def main() -> None:
 @click.option("--workers", type=click.IntRange(min=1), help="Local processes parsing rank traces (default: CPUs).")
 @click.option("--dask", "dask_address", metavar="ADDRESS|local",
               help="Parse rank traces on a Dask cluster (scheduler address, or 'local'); needs gpuprof[dask].")
+@click.option("--as-ranks", is_flag=True,
+              help="Analyse the traces as ranks of one job even though they do not look like one "
+                   "(no distributedInfo, different step counts...).")
 def report(paths: tuple[Path, ...], fmt: str, output: Path | None, force: bool, gpu: str | None,
            gpu_spec: Path | None, step_ms: float | None, no_cache: bool, workers: int | None,
-           dask_address: str | None) -> None:
+           dask_address: str | None, as_ranks: bool) -> None:
     """Analyse traces and report step time, MFU, roofline classes and findings.
 
     PATHS are Kineto trace files (.json or .json.gz, as torch.profiler writes them), folders of
-    per-rank traces, or run folders written by `gpuprof record`.
+    per-rank traces, or run folders written by `gpuprof record`. Ctrl-C stops it (exit 130).
     """
+    with _interruptible():
+        _report(paths, fmt, output, force, gpu, gpu_spec, step_ms, no_cache, workers, dask_address, as_ranks)
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """Ctrl-C: one line and exit 130 (128 + SIGINT), no traceback. Worker processes forked for
+    rank traces inherit the handler and leave quietly; only this process reports."""
+    main_pid = os.getpid()
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if os.getpid() != main_pid:
+            os._exit(130)  # a forked worker: the parent says it once
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while workers stop
+        click.echo("\ngpuprof: interrupted", err=True)
+        sys.exit(130)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _report(paths: tuple[Path, ...], fmt: str, output: Path | None, force: bool, gpu: str | None,
+            gpu_spec: Path | None, step_ms: float | None, no_cache: bool, workers: int | None,
+            dask_address: str | None, as_ranks: bool) -> None:
     try:
         if sys.stderr.isatty():
             click.echo(f"gpuprof: analysing {len(paths)} path(s)…", err=True)
         analysis = gpuprof.analyze(list(paths), gpu=gpu, gpu_spec=str(gpu_spec) if gpu_spec else None,
                                    step_ms=step_ms, cache=not no_cache, workers=workers, dask=dask_address,
-                                   progress=_progress if sys.stderr.isatty() else None)
+                                   progress=_progress if sys.stderr.isatty() else None, as_ranks=as_ranks)
         if fmt == "html":
             target = output or _fresh_path(Path("gpuprof-report.html"))
             _write_new(target, analysis.to_html(), force)
-            click.echo(analysis.to_text(color=_color()), nl=False)
+            click.echo(analysis.to_text(color=_color(), width=_width()), nl=False)
             _say(f"wrote {target}")
             return
-        _emit(analysis.to_json() if fmt == "json" else analysis.to_text(color=_color() and output is None),
+        _emit(analysis.to_json() if fmt == "json" else
+              analysis.to_text(color=_color() and output is None, width=_width() if output is None else None),
               output, force)
     except GpuprofError as e:
         _fail(e)

@@ -36,8 +36,10 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     moved = sorted(names, key=lambda n: -abs(ka.get(n, 0.0) - kb.get(n, 0.0)))[:TOP_KERNELS]
     return {
         "schema_version": 1,
-        "before": {"paths": before["source"]["paths"], "gpu": before["gpu"]["name"]},
-        "after": {"paths": after["source"]["paths"], "gpu": after["gpu"]["name"]},
+        "before": {"paths": before["source"]["paths"], "gpu": before["gpu"]["name"],
+                   "warnings": before.get("warnings", [])},
+        "after": {"paths": after["source"]["paths"], "gpu": after["gpu"]["name"],
+                  "warnings": after.get("warnings", [])},
         "step_time_ms": _delta(sb["step_time_ms"], sa["step_time_ms"]),
         "unprofiled_step_time_ms": _delta(sb.get("unprofiled_step_time_ms"), sa.get("unprofiled_step_time_ms")),
         "mfu_pct": _delta(sb.get("mfu_pct"), sa.get("mfu_pct")),

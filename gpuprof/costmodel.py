@@ -6,7 +6,9 @@ their own aten ops (``mm`` under ``MmBackward0`` is an ``mm``). Ops without a ru
 numbers (NaN), never a guess; :func:`coverage` says how much GPU time that leaves unmodelled.
 
 Assumption stated once: Kineto records no dtype for ``TensorList`` arguments (foreach ops,
-``cat``), so their elements are taken as 4-byte floats, the usual optimizer-state type.
+``cat``), so their elements are taken as 4-byte floats, the usual optimizer-state type, and the
+cost says so (``elt_assumed``); the roofline rescales it where the kernel's own name states the
+element size (:func:`kernel_elt_bytes`: ``OpaqueType<2u>`` in a bf16 ``cat``).
 
 Work is per unique (name, shapes, types, scalars) signature, so a trace with millions of ops
 costs as many rule evaluations as it has distinct signatures.
@@ -48,6 +50,7 @@ class Cost:
     bytes: float
     dtype: str  # math dtype of the main inputs: bf16, fp16, fp32, fp8, int8, ...
     family: str  # gemm, attention, conv, elementwise, reduction, norm, softmax, embedding, loss, copy, optimizer
+    elt_assumed: bool = False  # bytes counted at TENSORLIST_ELT per element (dtype not recorded)
 
 
 Rule = Callable[[list[Any], list[Any], list[Any]], "Cost | None"]
@@ -453,9 +456,13 @@ def _nll(dims: list[Any], types: list[Any], concrete: list[Any]) -> Cost | None:
 
 @rule("aten::nll_loss_backward", "aten::nll_loss2d_backward")
 def _nll_bwd(dims: list[Any], types: list[Any], concrete: list[Any]) -> Cost | None:
-    if len(dims) < 3 or not _is_shape(dims[1]):
+    # (grad_output, self, target, weight, reduction, ignore_index, total_weight). grad_input is
+    # zeroed by its own fill kernel first; this kernel reads each target and writes one element
+    # per target (grad_input[i, target[i]]), not the whole N x C gradient.
+    if len(dims) < 3 or not _is_shape(dims[1]) or not _is_shape(dims[2]):
         return None
-    return Cost(float(_numel(dims[1])), float(_nbytes(dims[1], types[1]) + _numel(dims[2]) * 8), _dt(types[1]), "loss")
+    n = _numel(dims[2])
+    return Cost(float(n), float(n * (8 + ELT_BYTES.get(types[1], 4))), _dt(types[1]), "loss")
 
 
 def _tensorlists(dims: list[Any], types: list[Any]) -> list[int]:
@@ -469,13 +476,27 @@ def _foreach(name: str, dims: list[Any], types: list[Any], concrete: list[Any]) 
     if not lists:
         return None
     written = lists[0]
-    return Cost(float(written), float((sum(lists) + written) * TENSORLIST_ELT), "fp32", "optimizer")
+    return Cost(float(written), float((sum(lists) + written) * TENSORLIST_ELT), "fp32", "optimizer", True)
 
 
 @rule("aten::cat")
 def _cat(dims: list[Any], types: list[Any], concrete: list[Any]) -> Cost | None:
     lists = _tensorlists(dims, types)
-    return Cost(0.0, float(2 * lists[0] * TENSORLIST_ELT), "fp32", "copy") if lists else None
+    return Cost(0.0, float(2 * lists[0] * TENSORLIST_ELT), "fp32", "copy", True) if lists else None
+
+
+_KERNEL_ELT = re.compile(r"OpaqueType<(\d+)u?>|Functor<(float|double|c10::BFloat16|c10::Half)\b")
+_ELT_OF_NAME = {"float": 4, "double": 8, "c10::BFloat16": 2, "c10::Half": 2}
+
+
+def kernel_elt_bytes(name: str) -> float:
+    """The element size a kernel's template arguments state (NaN when they do not): the copy
+    kernels of ``cat`` are instantiated on ``OpaqueType<bytes>``, foreach kernels on
+    ``...Functor<dtype, ...>``."""
+    m = _KERNEL_ELT.search(name)
+    if m is None:
+        return float("nan")
+    return float(m.group(1)) if m.group(1) else float(_ELT_OF_NAME[m.group(2)])
 
 
 def cost_of(name: str, dims: Any, types: Any, concrete: Any, strides: Any = None) -> Cost | None:
@@ -520,6 +541,7 @@ def op_costs(ops: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
     nbytes = np.full(len(rows), np.nan)
     dtype = np.empty(len(rows), dtype=object)
     family = np.empty(len(rows), dtype=object)
+    assumed = np.zeros(len(rows), dtype=bool)
     for i in range(len(rows)):  # a dict lookup per op; a rule evaluation per distinct signature
         key = (names[i], dims[i], types[i], conc[i], strd[i])
         if key in cache:
@@ -528,8 +550,9 @@ def op_costs(ops: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
             c = cache[key] = cost_of(str(names[i]), _arg(dims[i], parse_arg), _arg(types[i], parse_arg),
                                      _arg(conc[i], parse_arg), _arg(strd[i], parse_arg))
         if c is not None:
-            flops[i], nbytes[i], dtype[i], family[i] = c.flops, c.bytes, c.dtype, c.family
-    return pd.DataFrame({"flops": flops, "bytes": nbytes, "dtype": dtype, "family": family}, index=rows)
+            flops[i], nbytes[i], dtype[i], family[i], assumed[i] = c.flops, c.bytes, c.dtype, c.family, c.elt_assumed
+    return pd.DataFrame({"flops": flops, "bytes": nbytes, "dtype": dtype, "family": family, "elt_assumed": assumed},
+                        index=rows)
 
 
 def _arg(value: Any, parse: Callable[[Any], Any]) -> Any:

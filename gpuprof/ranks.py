@@ -147,7 +147,7 @@ def runtime_us_per_step(r: RankResult) -> float:
 
 
 #: Per-name sums of one rank's kernels; kernel_table() turns several ranks' sums into the report's table.
-SUM_COLUMNS = ["count", "total_us", "m_dur", "flops", "bytes", "m_roof"]
+SUM_COLUMNS = ["count", "total_us", "m_dur", "flops", "bytes", "m_roof", "e_dur", "e_roof", "e_count"]
 
 
 def kernel_sums(r: RankResult) -> pd.DataFrame:
@@ -170,10 +170,15 @@ def kernel_sums(r: RankResult) -> pd.DataFrame:
         m_bytes=np.where(modelled, k["bytes"], 0.0),
         m_roof=np.where(modelled, k["t_roof_us"], 0.0),
         modelled=modelled,
+        # instances above their roofline (roofline.MODEL_ERROR_PCT): their time and impossible roofline time
+        e_dur=np.where(k["model_error"], k["dur"], 0.0),
+        e_roof=np.where(k["model_error"], k["model_error_pct"] * k["dur"] / 100.0, 0.0),
+        e_count=k["model_error"].astype(np.int64),
     )
     g = k.groupby("name", sort=False, observed=True)
     t = g.agg(count=("dur", "size"), total_us=("dur", "sum"), m_dur=("m_dur", "sum"), flops=("m_flops", "sum"),
-              bytes=("m_bytes", "sum"), m_roof=("m_roof", "sum"), any_model=("modelled", "any"),
+              bytes=("m_bytes", "sum"), m_roof=("m_roof", "sum"), e_dur=("e_dur", "sum"),
+              e_roof=("e_roof", "sum"), e_count=("e_count", "sum"), any_model=("modelled", "any"),
               kernel_engine=("engine", "first"), math_dtype=("math_dtype", "first"), op=("op_name", "first"),
               first_op=("op", "first"))
     t = t.rename(columns={"kernel_engine": "engine"})  # ``engine=`` is an argument of agg() itself
@@ -193,7 +198,7 @@ def kernel_table(sums: list[pd.DataFrame]) -> pd.DataFrame:
     """The report's kernel table from the ranks' :func:`kernel_sums`: one row per kernel name,
     heaviest first; achieved rates and roofline % over the modelled instances."""
     out_cols = ["name", "count", "total_us", "flops", "bytes", "achieved_tflops", "achieved_gbps", "bound",
-                "roofline_pct", "engine", "math_dtype", "op", "shapes"]
+                "roofline_pct", "cost_model_error", "cost_model_error_count", "cost_model_error_pct", "engine", "math_dtype", "op", "shapes"]
     sums = [s for s in sums if len(s)]
     if not sums:
         return pd.DataFrame(columns=out_cols)
@@ -211,6 +216,9 @@ def kernel_table(sums: list[pd.DataFrame]) -> pd.DataFrame:
         t["achieved_tflops"] = np.where(has, t["flops"] / (t["m_dur"] * 1e-6) / 1e12, np.nan)
         t["achieved_gbps"] = np.where(has, t["bytes"] / (t["m_dur"] * 1e-6) / 1e9, np.nan)
         t["roofline_pct"] = np.where(has, 100.0 * t["m_roof"] / t["m_dur"], np.nan)
+        t["cost_model_error_pct"] = np.where(t["e_dur"] > 0, 100.0 * t["e_roof"] / t["e_dur"], np.nan)
+    t["cost_model_error"] = t["e_count"] > 0
+    t["cost_model_error_count"] = t["e_count"].astype(np.int64)
     t["flops"] = t["flops"].where(t["any_model"])
     t["bytes"] = t["bytes"].where(t["any_model"])
     t = t.reset_index().sort_values("total_us", ascending=False, kind="stable").reset_index(drop=True)

@@ -9,6 +9,12 @@ dtype whose roof applies; the roofline time ``max(flops / peak, bytes / bandwidt
   and is short (< ``SHORT_US``) or its grid fills less than one wave (fewer blocks than SMs);
   otherwise ``compute`` when its arithmetic intensity is at or above the ridge point of its
   roof, else ``memory``; ``unknown`` when no cost model applies (never an invented number).
+
+No kernel can run faster than its roofline. One that measures above ``MODEL_ERROR_PCT`` of it
+(5 % above, beyond clock and timing noise) proves its cost model (or the GPU spec) wrong: it is
+flagged ``model_error`` (``model_error_pct`` keeps the impossible figure), and its FLOPs, bytes
+and roofline time are dropped, so it counts as ``unknown`` in class shares, MFU and coverage
+rather than as a fact.
 """
 
 from __future__ import annotations
@@ -20,12 +26,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpuprof.costmodel import MATMUL_FAMILIES, op_costs
+from gpuprof.costmodel import MATMUL_FAMILIES, TENSORLIST_ELT, kernel_elt_bytes, op_costs
 from gpuprof.specs import GpuSpec
 from gpuprof.trace.model import RankTrace
 
 LATENCY_PCT = 20.0
 SHORT_US = 10.0
+MODEL_ERROR_PCT = 105.0
 
 # CUDA-core matrix kernels first: some names (sm80_xmma_gemm_f32f32_..._ffma) also match the tensor pattern.
 _CUDA_CORE = re.compile(r"simt|sgemm|dgemm|_ffma|gemv|gemmSN|fmha_cutlass[FB]_f32|implicit_convolve_sgemm|"
@@ -57,13 +64,19 @@ def classify(trace: RankTrace, spec: GpuSpec | None) -> pd.DataFrame:
     op = k["op"].to_numpy()
     costs = op_costs(ops, op) if len(ops) else pd.DataFrame(  # no CPU ops: the columns, typed, of none
         {"flops": pd.Series(dtype=float), "bytes": pd.Series(dtype=float), "dtype": pd.Series(dtype=object),
-         "family": pd.Series(dtype=object)})
+         "family": pd.Series(dtype=object), "elt_assumed": pd.Series(dtype=bool)})
     has = op >= 0
     # Split an op's FLOPs and bytes over its kernels by duration (split-K GEMM + reduce, etc.).
     op_time = k.groupby("op")["dur"].transform("sum").to_numpy()
     share = np.where(has & (op_time > 0), k["dur"].to_numpy() / np.where(op_time > 0, op_time, 1), np.nan)
-    flops = costs["flops"].reindex(op).to_numpy() * share
-    nbytes = costs["bytes"].reindex(op).to_numpy() * share
+    # float even when no op had a cost (a GPU-only trace: the empty frame's columns are object)
+    flops = costs["flops"].reindex(op).to_numpy(dtype=float) * share
+    nbytes = costs["bytes"].reindex(op).to_numpy(dtype=float) * share
+    # TensorList bytes were counted at an assumed element size: the kernel's name may state the real one.
+    assumed = costs["elt_assumed"].reindex(op).fillna(False).to_numpy(dtype=bool)
+    if assumed.any():
+        elt = per_name(k["name"], kernel_elt_bytes, dtype=float)
+        nbytes = np.where(assumed & np.isfinite(elt), nbytes * elt / TENSORLIST_ELT, nbytes)
     dtype = costs["dtype"].reindex(op).to_numpy()
     family = costs["family"].reindex(op).to_numpy()
     op_name: Any = np.where(has, ops["name"].astype(object).to_numpy()[np.maximum(op, 0)] if len(ops) else None, None)
@@ -106,6 +119,12 @@ def classify(trace: RankTrace, spec: GpuSpec | None) -> pd.DataFrame:
         out["achieved_tflops"] = np.where(dur > 0, flops / (dur * 1e-6) / 1e12, np.nan)
         out["achieved_gbps"] = np.where(dur > 0, nbytes / (dur * 1e-6) / 1e9, np.nan)
         out["roofline_pct"] = np.where(dur > 0, out["t_roof_us"].to_numpy() / dur * 100.0, np.nan)
+    error = out["roofline_pct"].to_numpy() > MODEL_ERROR_PCT
+    out["model_error"] = error
+    out["model_error_pct"] = np.where(error, out["roofline_pct"].to_numpy(), np.nan)
+    if error.any():
+        for c in ("flops", "bytes", "t_roof_us", "ai", "achieved_tflops", "achieved_gbps", "roofline_pct"):
+            out[c] = np.where(error, np.nan, out[c].to_numpy())
     ridge = out["peak_tflops"].to_numpy() * 1e12 / ((spec.hbm_gbps if spec else np.nan) * 1e9)
     known = np.isfinite(out["t_roof_us"].to_numpy()) & np.isfinite(out["ai"].to_numpy())
     blocks = k["blocks"].to_numpy()

@@ -22,7 +22,10 @@ def render_diff_text(doc: dict[str, Any]) -> str:
              f"step time (no profiler) {_fmt(doc['unprofiled_step_time_ms'], 'ms')}",
              f"MFU (trace)             {_fmt(doc['mfu_pct'], '%')}",
              f"MFU (no profiler)       {_fmt(doc['mfu_unprofiled_pct'], '%')}",
-             f"GPU busy                {_fmt(doc['gpu_busy_pct'], '%')}", "", "time by class (ms per step)"]
+             f"GPU busy                {_fmt(doc['gpu_busy_pct'], '%')}"]
+    for side in ("before", "after"):  # e.g. a recorded step time that was impossible and is not used
+        lines += [f"note ({side}): {_safe(w)}" for w in doc[side].get("warnings", [])]
+    lines += ["", "time by class (ms per step)"]
     for c, d in doc["breakdown_ms"].items():
         if (d["before"] or 0) > 0.005 or (d["after"] or 0) > 0.005:
             lines.append(f"  {c:14s} {_fmt(d, 'ms')}")

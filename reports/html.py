@@ -72,7 +72,7 @@ def _roofline_figure(kernels: list[dict[str, Any]], roofs: dict[str, Any]) -> di
             "type": "scatter", "mode": "markers", "name": bound,
             "x": [k["flops"] / k["bytes"] for k in sel], "y": [k["achieved_tflops"] for k in sel],
             "marker": {"color": color, "size": [6 + 30 * math.sqrt(k["total_us"] / total) for k in sel], "opacity": 0.75},
-            "text": [f"{_label(k['name'])}<br>{k['count']} × · {k['total_us'] / 1000:.2f} ms · "
+            "text": [f"{_label(k['name'])}<br>{k['count']} × · {k.get('ms_per_step') or 0:.3f} ms per step · "
                      f"{k['achieved_tflops']:.1f} TFLOP/s · {k['achieved_gbps'] or 0:.0f} GB/s<br>"
                      f"{_label(k.get('op') or '')} {_label(k.get('shapes') or '', 120)}<br>"
                      f"{k.get('math_dtype') or ''} · {k['bound']} · {k['roofline_pct'] or 0:.0f}% of roofline"
@@ -109,18 +109,41 @@ def _nvml_figures(series: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _ranks_figure(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """Step time (left axis) and exposed communication (right axis) per rank. Bars on two
+    overlaid axes are not grouped by ``barmode`` (each would hide the other): ``offsetgroup``
+    puts them side by side, and ``automargin`` keeps both axes' ticks and titles inside the plot."""
     ranks = [f"rank {r['rank']}" for r in per_rank]
     return {"data": [
-        {"type": "bar", "name": "step time (ms)", "x": ranks, "y": [r["step_time_ms"] for r in per_rank]},
+        {"type": "bar", "name": "step time (ms)", "x": ranks, "y": [r["step_time_ms"] for r in per_rank],
+         "offsetgroup": "step", "marker": {"color": "#2b6cb0"},
+         "hovertemplate": "%{x}: %{y:.2f} ms per step<extra></extra>"},
         {"type": "bar", "name": "exposed communication (% of step)", "x": ranks,
-         "y": [r["communication_pct"] for r in per_rank], "yaxis": "y2"}],
-        "layout": {"height": 300, "barmode": "group", "margin": {"l": 60, "r": 60, "t": 10, "b": 40},
-                   "yaxis": {"title": {"text": "ms"}},
-                   "yaxis2": {"title": {"text": "%"}, "overlaying": "y", "side": "right"}}}
+         "y": [r["communication_pct"] for r in per_rank], "yaxis": "y2", "offsetgroup": "comm",
+         "marker": {"color": "#e53e3e"}, "hovertemplate": "%{x}: %{y:.1f} % of the step<extra></extra>"}],
+        "layout": {"height": 320, "barmode": "group", "margin": {"l": 70, "r": 70, "t": 10, "b": 40},
+                   "legend": {"orientation": "h", "y": -0.2},
+                   "yaxis": {"title": {"text": "step time (ms)"}, "automargin": True, "rangemode": "tozero"},
+                   "yaxis2": {"title": {"text": "exposed communication (%)"}, "overlaying": "y", "side": "right",
+                              "automargin": True, "rangemode": "tozero", "showgrid": False}}}
+
+
+def subject(doc: dict[str, Any]) -> str:
+    """What the report is of, in a few words: the run folder's name, or the trace file names."""
+    src = doc["source"]
+    if src.get("run_folder"):
+        return f"run {Path(src['run_folder']).name}"
+    paths = [Path(p) for p in src["paths"]]
+    if len(paths) == 1:
+        return paths[0].name
+    if len({p.parent for p in paths}) == 1:  # a folder of rank traces
+        return f"{paths[0].parent.name}/ ({len(paths)} traces)"
+    return f"{paths[0].name} and {len(paths) - 1} more"
 
 
 def render_html(doc: dict[str, Any], detail: dict[str, Any]) -> str:
     import plotly.offline
+
+    from gpuprof.reports.names import short_name
 
     summary = doc["summary"]
     step = summary.get("unprofiled_step_time_ms") or summary["step_time_ms"]
@@ -137,8 +160,9 @@ def render_html(doc: dict[str, Any], detail: dict[str, Any]) -> str:
         charts[f"nvml{i}"] = n["figure"]
     if summary.get("per_rank"):
         charts["ranks"] = _ranks_figure(summary["per_rank"])
+    kernels = [{**k, "short": short_name(str(k["name"]), 64)} for k in doc["kernels"][:300]]  # ~460 px
     return _ENV.get_template("report.html.j2").render(
-        doc=doc, s=summary, step_ms=step, findings=findings, kernels=doc["kernels"][:300],
+        doc=doc, s=summary, step_ms=step, findings=findings, kernels=kernels, subject=subject(doc),
         more_kernels=max(0, len(doc["kernels"]) - 300), nvml=[{"id": f"nvml{i}", "title": n["title"]} for i, n in
                                                               enumerate(nvml)],
         run=detail.get("run") or {}, charts_json=script_json(charts),

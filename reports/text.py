@@ -8,6 +8,7 @@ name cannot move the cursor, recolour the terminal or write the clipboard. Colou
 from __future__ import annotations
 
 import re
+import textwrap
 from typing import Any
 
 #: What a terminal may act on rather than show: C0 and C1 controls and DEL (ESC, CSI, OSC, BEL,
@@ -38,40 +39,103 @@ def _num(x: Any, fmt: str = "{:.1f}", none: str = "-") -> str:
     return none if x is None else fmt.format(x)
 
 
-def render_text(doc: dict[str, Any], color: bool = False, top: int = 10) -> str:
-    bold = (lambda s: f"\x1b[1m{s}\x1b[0m") if color else (lambda s: s)
-    dim = (lambda s: f"\x1b[2m{s}\x1b[0m") if color else (lambda s: s)
+#: Host-side categories: estimated from gaps the (profiled) host left on the GPU timeline.
+HOST_SIDE = ("launch_overhead", "input_pipeline", "host_sync")
+
+
+def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:
+    """``text`` wrapped to ``width`` columns after the prefixes; a `code` span that fits on a line
+    is never split across lines (a longer one breaks at its own spaces), and nothing is cut (a
+    word longer than a line gets a line of its own)."""
+    room = max(20, width) - len(rest)
+    protected = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", "\u00a0") if len(m.group(0)) < room
+                       else m.group(0), text)
+    lines = textwrap.wrap(protected, width=max(20, width), initial_indent=first, subsequent_indent=rest,
+                          break_long_words=False, break_on_hyphens=False)
+    return [ln.replace("\u00a0", " ") for ln in lines] or [first.rstrip()]
+
+
+def _step_line(s: dict[str, Any], bold: Any) -> str:
+    traced = _num(s["step_time_ms"], "{:.2f} ms")
+    real = s.get("unprofiled_step_time_ms")
+    if real:
+        return f"step time {bold(_num(real, '{:.2f} ms'))} without the profiler, {traced} traced"
+    return f"step time {bold(traced)} traced (without the profiler: unknown)"
+
+
+def render_text(doc: dict[str, Any], color: bool = False, top: int = 10, width: int | None = None) -> str:
+    """The terminal summary of a JSON report document, wrapped to ``width`` columns (100 when
+    not given): header, step time with and without the profiler, MFU, time by class, the fixes
+    with saving and confidence and how they are ranked, notes, and the top kernels per step."""
+    from gpuprof.reports.names import short_name
+
+    w = width or 100
+    bold = (lambda x: f"\x1b[1m{x}\x1b[0m") if color else (lambda x: x)
+    dim = (lambda x: f"\x1b[2m{x}\x1b[0m") if color else (lambda x: x)
     s = doc["summary"]
     gpu = doc["gpu"]
-    lines = [
-        bold(f"gpuprof {doc['tool']['version']}") + f"  {_safe(gpu['name'])}"
-        + (f" ({_safe(gpu['spec']['source'])})" if gpu["spec"].get("source") else ""),
-        (f"ranks {len(doc['source']['ranks'])}   steps {s['steps']} ({_safe(s['steps_source'])})   "
-         f"step time {bold(_num(s['step_time_ms'], '{:.2f} ms'))}   GPU busy {_num(s['gpu_busy_pct'], '{:.1f}%')}   "
-         f"MFU {bold(_num(s['mfu_pct'], '{:.1f}%', 'n/a'))}"),
-    ]
+    tool = f"gpuprof {doc['tool']['version']}"
+    header = _wrap(f"{tool}  {_safe(gpu['name'])}" + (f" ({_safe(gpu['spec']['source'])})" if gpu["spec"].get("source")
+                                                       else ""), w, "", "  ")
+    lines = [bold(tool) + header[0][len(tool):], *header[1:]]
+    src = doc["source"]
+    what = f"run {src['run_folder']}" if src.get("run_folder") else ", ".join(src["paths"])
+    lines += _wrap(_safe(what), w, "", "  ")
+    mfu = f"MFU {bold(_num(s['mfu_pct'], '{:.1f}%', 'n/a'))} traced"
+    if s.get("mfu_unprofiled_pct") is not None:
+        mfu += f", {_num(s['mfu_unprofiled_pct'], '{:.1f}%')} without the profiler"
+    facts = [f"ranks {len(src['ranks'])}", f"steps {s['steps']} ({_safe(s['steps_source'])})",
+             f"GPU busy {_num(s['gpu_busy_pct'], '{:.1f}%')}"]
+    lines += _wrap("   ".join(x.replace(" ", "\u00a0") for x in facts), w, "", "")
+    lines += [_step_line(s, bold), mfu]
     b = s["breakdown_pct"]
     parts = [f"{k} {v:.1f}%" for k, v in sorted(b.items(), key=lambda kv: -(kv[1] or 0)) if v and v >= 0.05]
-    lines.append("time: " + ", ".join(parts))
-    for w in doc.get("warnings", []):
-        lines.append(dim(f"note: {_safe(w)}"))
+    lines += _wrap("time: " + ", ".join(parts), w, "", "      ")
+    for warning in doc.get("warnings", []):
+        lines += [dim(x) for x in _wrap(_safe(warning), w, "note: ", "      ")]
 
     lines.append("")
+    ranking = doc.get("ranking", {}).get("by")
     lines.append(bold("What to fix first"))
+    if ranking:
+        lines += [dim(x) for x in _wrap(_safe(ranking), w, "  ", "  ")]
     findings = doc.get("findings", [])
     if not findings:
         lines.append("  no findings" + (" (analyzers skipped: " + ", ".join(
             _safe(x["analyzer"]) for x in doc.get("analyzers_skipped", [])) + ")" if doc.get("analyzers_skipped") else ""))
     for i, f in enumerate(findings[:top], 1):
         saving = (f"saves ~{f['estimated_savings_ms']:.2f} ms/step ({f['estimated_savings_pct']:.1f}%)"
-                  if f["estimated_savings_ms"] > 0 else "informational")
-        lines.append(f"  {i}. [{f['severity']}] {_safe(f['title'], 90)}  {saving}")
-        lines.append(dim(f"     fix: {_safe(f['recommendation'], 110)}"))
+                  if f["estimated_savings_ms"] > 0 else "informational, no saving estimated")
+        head = f"{i}. [{f['severity']}, confidence {f['confidence']}] {_safe(f['title'])}  " + saving.replace(" ", "\u00a0")
+        lines += _wrap(head, w, "  ", "     ")
+        lines += [dim(x) for x in _wrap(_safe(f["recommendation"]), w, "     fix: ", "          ")]
+    if len(findings) > top:
+        lines.append(dim(f"  … {len(findings) - top} more in the JSON report"))
+    host = [f for f in findings[:top] if f["category"] in HOST_SIDE and f["confidence"] == "low"]
+    if host and not s.get("unprofiled_step_time_ms"):
+        hint = (f"hint: {', '.join(sorted({_safe(f['category']) for f in host}))} "
+                f"{'is' if len(host) == 1 else 'are'} estimated from a host slowed by the profiler (confidence "
+                "low); give the step time measured without it, e.g. from training logs: `--step-ms MS`")
+        lines += [bold(x) for x in _wrap(hint, w, "  ", "        ")]
+    notes = doc.get("notes", [])
+    if notes:
+        lines.append("")
+        lines.append(bold("Notes") + dim(" (checked, save nothing measurable)"))
+        for f in notes:
+            lines += [dim(x) for x in _wrap(f"{_safe(f['title'])} (~{f['estimated_savings_ms']:.3f} ms/step)",
+                                            w, "  - ", "    ")]
 
     lines.append("")
-    lines.append(bold("Top kernels"))
-    lines.append(f"  {'time ms':>9} {'count':>6} {'bound':>8} {'roof%':>6} {'TFLOP/s':>8} {'GB/s':>7}  name")
+    lines.append(bold("Top kernels") + " (per step)")
+    rates = w >= 80  # a narrow terminal keeps the name readable rather than the achieved rates
+    head = f"  {'ms/step':>8} {'count':>6} {'bound':>8} {'roof%':>6} " + (f"{'TFLOP/s':>8} {'GB/s':>7}  " if rates else " ")
+    lines.append(head + "name")
+    room = max(12, w - len(head))
     for k in doc.get("kernels", [])[:top]:
-        lines.append(f"  {k['total_us'] / 1000:9.2f} {k['count']:6d} {k['bound']:>8} {_num(k['roofline_pct'], '{:.0f}'):>6} "
-                     f"{_num(k['achieved_tflops'], '{:.1f}'):>8} {_num(k['achieved_gbps'], '{:.0f}'):>7}  {_safe(k['name'], 70)}")
+        roof = _num(k["roofline_pct"], "{:.0f}") + ("!" if k.get("cost_model_error") else "")
+        rate = (f"{_num(k['achieved_tflops'], '{:.1f}'):>8} {_num(k['achieved_gbps'], '{:.0f}'):>7}  " if rates else " ")
+        lines.append(f"  {_num(k.get('ms_per_step'), '{:8.3f}'):>8} {k['count']:6d} {k['bound']:>8} {roof:>6} "
+                     f"{rate}{_safe(short_name(str(k['name']), room))}")
+    if any(k.get("cost_model_error") for k in doc.get("kernels", [])[:top]):
+        lines.append(dim("  !: some instances ran above their roofline, a cost-model error left out of roof% (see note)"))
     return "\n".join(lines) + "\n"

@@ -6,6 +6,7 @@ Chromium fails the test, elsewhere it is skipped with that reason (never reporte
 
 from __future__ import annotations
 
+import html as html_mod
 import os
 import re
 import shutil
@@ -96,3 +97,41 @@ def test_chromium_runs_nothing_from_trace_names(tmp_path: Path) -> None:
     dom = _open(exe, page, tmp_path, "--dump-dom").stdout
     assert "pwned" not in dom.split("<title>", 1)[1].split("</title>", 1)[0]
     assert "&lt;/script&gt;&lt;script&gt;document.title='pwned-kernel'" in dom  # displayed as text
+
+
+@pytest.mark.parametrize("sample", ["ddp_slow_rank", "gpt_bf16.json.gz"])
+def test_page_names_its_trace_and_shows_kernels_per_step(sample: str, tmp_path: Path) -> None:
+    """The page says what it reports; the Ranks chart keeps its two series apart and its ticks
+    inside; the kernel table is per step with one-line rows (short names, full name kept)."""
+    a = gpuprof.analyze(SAMPLES / sample)
+    doc = a.to_dict()
+    html = a.to_html()
+    subject = sample if sample.endswith(".gz") else f"{sample}/ (2 traces)"
+    assert f"<title>gpuprof report · {subject}" in html
+    assert html.count(doc["source"]["paths"][0]) >= 1  # the full path in the header
+    if sample == "gpt_bf16.json.gz":  # host-side finding from a profiled host: say how to correct it
+        assert "Hint:" in html and "--step-ms" in html and "confidence low" in html
+    steps = doc["summary"]["steps"] * len(doc["source"]["ranks"])
+    k = doc["kernels"][0]
+    assert k["ms_per_step"] == pytest.approx(k["total_us"] / 1000 / steps)
+    assert f'<td data-v="{k["ms_per_step"]}">{k["ms_per_step"]:.3f}</td>' in html
+    cells = re.findall(r'<td class="kname" title="[^"]*">(.*?)</td>', html, re.S)
+    assert len(cells) == min(300, len(doc["kernels"]))
+    for c in cells:
+        shown = re.sub(r"<div class=\"full\">.*?</div>", "", c, flags=re.S)
+        assert len(html_mod.unescape(re.sub(r"<[^>]+>", "", shown))) <= 80
+    exe = _chromium()
+    page = tmp_path / "report.html"
+    page.write_text(html, encoding="utf-8")
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / f"numbers-{sample.split('.')[0]}.png"
+    _open(exe, page, tmp_path, "--window-size=1300,5200", f"--screenshot={shot}")
+    assert shot.is_file() and shot.stat().st_size > 20_000
+    dom = _open(exe, page, tmp_path, "--dump-dom").stdout
+    rows = re.findall(r'<td class="kname"', dom)
+    assert len(rows) == len(cells)
+    if doc["summary"].get("per_rank"):
+        block = dom.split('id="chart-ranks"', 1)[1][:60000]
+        assert 'class="main-svg"' in block
+        ticks = re.findall(r'class="(y2?)tick".*?<text[^>]*>([^<]*)</text>', block)
+        assert {"y", "y2"} <= {t[0] for t in ticks}  # both axes drew their ticks

@@ -1,0 +1,303 @@
+"""Numbers a user can trust (issue 11): step times checked against the trace, no kernel above its
+roofline as fact, no zero-saving fixes, and the summaries that show confidence and ranking."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import gpuprof
+from gpuprof.analyzers import LOW_CONFIDENCE_WEIGHT, NEGLIGIBLE_PCT, RANKING, split_notes
+from gpuprof.findings import Finding
+from gpuprof.roofline import MODEL_ERROR_PCT, classify
+from gpuprof.specs import resolve
+from gpuprof.trace.load import load_trace
+from tests.conftest import SAMPLES, TraceBuilder
+
+REPORTABLE = sorted([*SAMPLES.glob("*.json.gz"), *(p for p in SAMPLES.iterdir() if p.is_dir() and p.name != "timings")])
+
+
+# --- roofline: cost models and impossible points -------------------------------------------
+
+def test_nll_loss_backward_counts_the_elements_it_writes() -> None:
+    """The GPT samples' loss backward writes one element per token (grad_input is zeroed by its
+    own fill kernel): it ran at 86 TB/s (1801 % of the roofline) when the whole N x vocab gradient
+    was counted."""
+    a = gpuprof.analyze(SAMPLES / "gpt_bf16.json.gz")
+    k = a.kernel_table
+    row = k[k["name"].str.contains("nll_loss_backward")].iloc[0]
+    assert row["bytes"] == pytest.approx(3 * 4096 * (8 + 4))  # 3 steps x 4096 targets: index read, value written
+    assert not row["cost_model_error"] and row["roofline_pct"] < 5  # one block: a latency-bound kernel
+
+
+@pytest.mark.parametrize("sample,elt", [("gpt_bf16", 2), ("gpt_fp32", 4)])
+def test_cat_bytes_follow_the_element_size_its_kernel_names(sample: str, elt: int) -> None:
+    """``cat`` records TensorList shapes without a dtype; its kernel is OpaqueType<2u> under bf16
+    autocast (166 % of the roofline when counted as 4-byte floats) and OpaqueType<4u> in FP32."""
+    a = gpuprof.analyze(SAMPLES / f"{sample}.json.gz")
+    k = a.kernel_table
+    row = k[k["name"].str.contains("CatArrayBatchedCopy")].iloc[0]
+    per_call = 2 * 3 * 8 * 512 * 768 * elt  # three [8, 512, 768] inputs read, one output written
+    assert row["bytes"] == pytest.approx(per_call * row["count"])
+    assert row["roofline_pct"] <= MODEL_ERROR_PCT
+
+
+def test_a_kernel_above_its_roofline_is_flagged_and_left_out(tmp_path: Path) -> None:
+    """SYNTHETIC: a GEMM that 'ran' at 2x the bf16 peak cannot be real; it is a cost-model error,
+    not compute time, and its FLOPs do not count towards MFU."""
+    b = TraceBuilder()
+    b.annotation("ProfilerStep#1", 0, 10_000)
+    mm = b.op("aten::mm", 1, 5, [[8192, 8192], [8192, 8192]], ["c10::BFloat16", "c10::BFloat16"])
+    b.launch("nvjet_sm90_tst_256x128", 2, 100, 555.0, mm, grid=(132, 1, 1))  # 1.1 TFLOP in 0.555 ms: 200 %
+    ok = b.op("aten::mm", 10, 5, [[4096, 4096], [4096, 4096]], ["c10::BFloat16", "c10::BFloat16"])
+    b.launch("nvjet_sm90_tst_128x128", 11, 1000, 300.0, ok, grid=(132, 1, 1))
+    path = b.write(tmp_path / "t.json")
+    t = load_trace(path)
+    r = classify(t, resolve(t.meta.device_properties))
+    assert r["model_error"].tolist() == [True, False]
+    assert r["model_error_pct"].iloc[0] == pytest.approx(100 * 2 * 8192**3 / 989.5e12 / 555e-6, rel=1e-6)
+    assert str(r["bound"].iloc[0]) == "unknown" and str(r["bound"].iloc[1]) == "compute"
+    doc = gpuprof.analyze(path).to_dict()
+    bad = next(k for k in doc["kernels"] if k["name"] == "nvjet_sm90_tst_256x128")
+    assert bad["cost_model_error"] and bad["roofline_pct"] is None and bad["cost_model_error_pct"] > 190
+    assert doc["summary"]["model_flops_per_step"] == pytest.approx(2 * 4096**3)  # only the possible GEMM
+    assert doc["summary"]["breakdown_pct"]["unknown"] > 0
+    assert any("above its roofline" in w for w in doc["warnings"])
+
+
+@pytest.mark.parametrize("sample", REPORTABLE, ids=lambda p: p.name)
+def test_no_sample_kernel_above_its_roofline_unless_flagged(sample: Path) -> None:
+    doc = json.loads(gpuprof.analyze(sample).to_json())
+    over = [k["name"] for k in doc["kernels"] if (k["roofline_pct"] or 0) > MODEL_ERROR_PCT]
+    assert not over
+    for k in doc["kernels"]:
+        if k["cost_model_error"]:
+            assert k["cost_model_error_pct"] > MODEL_ERROR_PCT and k["cost_model_error_count"] >= 1
+
+
+# --- the real step time, checked against the trace ----------------------------------------
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpuprof.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, "NO_COLOR": "1", **(env or {})})
+
+
+@pytest.mark.parametrize("value", ["0.001", "inf", "nan", "0", "-3"])
+def test_impossible_step_ms_is_refused_in_one_line(value: str) -> None:
+    """gpt_bf16's kernels keep the GPU busy 8.40 ms per step: no real step is shorter."""
+    r = _cli("report", str(SAMPLES / "gpt_bf16.json.gz"), "--format", "text", "--step-ms", value)
+    assert r.returncode == 2, r.stdout[-500:]
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr and not r.stdout
+    if value == "0.001":
+        assert "0.001" in r.stderr and "8.40 ms" in r.stderr
+
+
+def test_step_ms_far_above_the_traced_step_is_warned() -> None:
+    doc = gpuprof.analyze(SAMPLES / "gpt_bf16.json.gz", step_ms=1e9).to_dict()
+    assert any("--step-ms" in w and "traced step (16.54 ms)" in w for w in doc["warnings"])
+    ok = gpuprof.analyze(SAMPLES / "gpt_bf16.json.gz", step_ms=8.9).to_dict()  # its real step time
+    assert not any("step-ms" in w for w in ok["warnings"]) and ok["summary"]["unprofiled_step_time_ms"] == 8.9
+
+
+def test_run_folder_with_an_impossible_recorded_step_time_is_reported_and_not_used() -> None:
+    """run_vision_workers recorded 5.05 ms per step without the profiler while its kernels alone
+    take 10.13 ms per step (the plain program runs 10.31 ms)."""
+    a = gpuprof.analyze(SAMPLES / "run_vision_workers")
+    doc = a.to_dict()
+    s = doc["summary"]
+    assert s["unprofiled_step_time_ms"] is None and s["mfu_unprofiled_pct"] is None
+    assert any("5.05 ms" in w and "10.13 ms" in w and "not used" in w for w in doc["warnings"])
+    top = doc["findings"][0]
+    assert top["estimated_savings_pct"] < 20  # of the traced 10.38 ms, not of the impossible 5.05 ms
+    assert "5.05 ms" in a.to_text() and "unknown" in a.to_text()
+
+
+def test_every_recorded_run_folder_step_time_used_is_possible() -> None:
+    from gpuprof.api import WORK_TOLERANCE, work_ms_per_step
+
+    for run in sorted(p for p in SAMPLES.glob("run_*") if p.is_dir()):
+        a = gpuprof.analyze(run)
+        real = a.summary["unprofiled_step_time_ms"]
+        if real is not None:
+            assert real >= (1 - WORK_TOLERANCE) * max(work_ms_per_step(p) for p in a.parts), run.name
+
+
+# --- findings that save nothing, and the order -------------------------------------------
+
+def test_a_finding_that_saves_nothing_is_a_note_not_a_fix() -> None:
+    """ddp_slow_rank's exposed communication saves 0.03 ms of a 69.6 ms step (0.05 %)."""
+    doc = gpuprof.analyze(SAMPLES / "ddp_slow_rank").to_dict()
+    assert "exposed_communication" not in [f["category"] for f in doc["findings"]]
+    note = next(f for f in doc["notes"] if f["category"] == "exposed_communication")
+    assert 0 < note["estimated_savings_pct"] < NEGLIGIBLE_PCT
+    assert all(f["estimated_savings_pct"] >= NEGLIGIBLE_PCT or f["severity"] == "info" for f in doc["findings"])
+
+
+def test_split_notes_on_synthetic_findings() -> None:
+    """SYNTHETIC findings: a positive saving under NEGLIGIBLE_PCT is a note; an informational
+    finding (no saving estimated by design) stays."""
+    mk = lambda i, pct: Finding(id=f"X-{i}", category="precision", title=str(i), estimated_savings_ms=pct / 10,  # noqa: E731
+                                estimated_savings_pct=pct, confidence="high", recommendation="r")
+    fixes, notes = split_notes([mk(1, 5.0), mk(2, 0.04), mk(3, 0.0)])
+    assert [f.id for f in fixes] == ["X-1", "X-3"] and [f.id for f in notes] == ["X-2"]
+
+
+def test_findings_are_ordered_by_the_figure_the_report_states() -> None:
+    doc = gpuprof.analyze(SAMPLES / "gpt_bf16.json.gz").to_dict()
+    assert doc["ranking"]["by"] == RANKING and doc["ranking"]["low_confidence_weight"] == LOW_CONFIDENCE_WEIGHT
+    fs = doc["findings"]
+    assert len(fs) >= 2
+    for f in fs:
+        w = LOW_CONFIDENCE_WEIGHT if f["confidence"] == "low" else 1.0
+        assert f["ranked_by_ms"] == pytest.approx(f["estimated_savings_ms"] * w, abs=1e-4)
+    assert [f["ranked_by_ms"] for f in fs] == sorted((f["ranked_by_ms"] for f in fs), reverse=True)
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    assert f"x{LOW_CONFIDENCE_WEIGHT:g}" in readme and "ranked by estimated saving per step" in readme
+    assert RANKING in gpuprof.analyze(SAMPLES / "gpt_bf16.json.gz").to_text(width=400)
+
+
+# --- the terminal summary ----------------------------------------------------------------
+
+def test_text_summary_shows_confidence_both_step_times_and_the_step_ms_hint() -> None:
+    r = _cli("report", str(SAMPLES / "gpt_bf16.json.gz"), "--format", "text")
+    assert r.returncode == 0, r.stderr
+    doc = gpuprof.analyze(SAMPLES / "gpt_bf16.json.gz").to_dict()
+    first = doc["findings"][0]
+    assert first["confidence"] == "low" and f"confidence {first['confidence']}]" in r.stdout
+    assert "step time 16.54 ms traced (without the profiler: unknown)" in r.stdout
+    assert "--step-ms" in r.stdout and "hint:" in r.stdout
+    given = _cli("report", str(SAMPLES / "gpt_bf16.json.gz"), "--format", "text", "--step-ms", "8.9")
+    assert "step time 8.90 ms without the profiler, 16.54 ms traced" in given.stdout
+    assert "hint:" not in given.stdout and "saves ~0.50 ms/step" in given.stdout
+
+
+@pytest.mark.parametrize("columns", [60, 100, 180])
+def test_text_summary_fits_the_terminal_and_never_cuts_a_fix(columns: int) -> None:
+    r = _cli("report", str(SAMPLES / "gpt_fp32.json.gz"), "--format", "text", env={"COLUMNS": str(columns)})
+    assert r.returncode == 0, r.stderr
+    doc = gpuprof.analyze(SAMPLES / "gpt_fp32.json.gz").to_dict()
+    code_spans = [c for f in doc["findings"] for c in re.findall(r"`[^`]*`", f["recommendation"])]
+    assert code_spans
+    for line in r.stdout.splitlines():
+        assert len(line) <= columns or " " not in line.strip(), line  # only one unbreakable word may overflow
+    flat = " ".join(r.stdout.split())
+    for f in doc["findings"][:10]:
+        assert " ".join(f["recommendation"].split()) in flat  # the whole fix, wrapped not cut
+    fits = [c for c in code_spans if len(c) < columns - 12]
+    assert fits and all(c in r.stdout for c in fits)  # a code span that fits a line is never broken
+
+
+# --- unrelated traces --------------------------------------------------------------------
+
+@pytest.mark.parametrize("paths,why", [
+    (["gpt_bf16.json.gz", "tiny_eager.json.gz"], "no distributedInfo"),
+    (["gpt_bf16.json.gz", "gpt_bf16.json.gz"], "more than once"),
+    (["ddp_good/rank0.json.gz", "ddp_slow_rank/rank1.json.gz"], "never overlap"),
+])
+def test_unrelated_traces_are_refused_with_the_reason(paths: list[str], why: str) -> None:
+    r = _cli("report", *(str(SAMPLES / p) for p in paths), "--format", "json")
+    assert r.returncode == 2 and why in r.stderr and "--as-ranks" in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1 and not r.stdout
+    forced = _cli("report", *(str(SAMPLES / p) for p in paths), "--format", "json", "--as-ranks")
+    assert forced.returncode == 0 and len(json.loads(forced.stdout)["source"]["ranks"]) == 2
+
+
+def test_ranks_of_one_job_are_analysed_together() -> None:
+    for paths in ([SAMPLES / "ddp_good"], [SAMPLES / "ddp_good" / "rank0.json.gz", SAMPLES / "ddp_good" / "rank1.json.gz"],
+                  [SAMPLES / "run_ddp2_slow"]):
+        assert gpuprof.analyze(paths).to_dict()["source"]["ranks"] == [0, 1]
+
+
+# --- Ctrl-C ------------------------------------------------------------------------------
+
+def _cpu_s(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if int((p / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(p.name))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def _big_trace(path: Path) -> Path:
+    """SYNTHETIC trace of 60k kernel launches (44 MB): several seconds to analyse."""
+    b = TraceBuilder()
+    for s in range(3):
+        b.annotation(f"ProfilerStep#{s}", s * 1e6, 1e6 - 1)
+    for i in range(60_000):
+        ts = i * 40.0
+        e = b.op("aten::add", ts, 5, [[1024], [1024], []], ["float", "float", "Scalar"])
+        b.launch("vectorized_elementwise_kernel_add", ts + 1, ts + 10, 3.0, e)
+    return b.write(path)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc to see where the process is")
+@pytest.mark.parametrize("workers", [1, 2])
+def test_ctrl_c_during_report_exits_130_with_one_line(tmp_path: Path, workers: int) -> None:
+    if workers == 1:
+        args = [str(_big_trace(tmp_path / "big.json"))]
+    else:  # two ranks in two worker processes, which must leave quietly too
+        d = tmp_path / "ranks"
+        d.mkdir()
+        _big_trace(d / "a.json")
+        (d / "b.json").write_bytes((d / "a.json").read_bytes())
+        args = [str(d), "--as-ranks", "--workers", "2"]
+    env = {**os.environ, "NO_COLOR": "1", "GPUPROF_CACHE_DIR": str(tmp_path / "cache")}
+    start = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([sys.executable, "-m", "gpuprof.cli", "report", "--help"], capture_output=True, env=env, check=True)
+    end = resource.getrusage(resource.RUSAGE_CHILDREN)
+    imports_s = (end.ru_utime + end.ru_stime) - (start.ru_utime + start.ru_stime)  # CPU to reach the command
+    p = subprocess.Popen([sys.executable, "-m", "gpuprof.cli", "report", *args, "--no-cache", "--format", "json"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and p.poll() is None:  # wait until it is analysing, not importing
+        busy = _cpu_s(p.pid) > imports_s + 0.3 if workers == 1 else any(_cpu_s(c) > 0.3 for c in _children(p.pid))
+        if busy:
+            break
+        time.sleep(0.02)
+    assert p.poll() is None, "finished before it could be interrupted"
+    os.killpg(p.pid, signal.SIGINT)  # as a terminal does: the whole foreground process group
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert err.strip() == "gpuprof: interrupted" and not out
+
+
+def test_diff_does_not_use_an_impossible_recorded_step_time() -> None:
+    """main said -93.8 % for the unprofiled step: 81.60 ms against run_vision_workers' impossible 5.05 ms."""
+    r = _cli("diff", str(SAMPLES / "run_vision_inline"), str(SAMPLES / "run_vision_workers"))
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("step time (no profiler)"))
+    assert line.endswith("n/a") and "5.05 ms" in r.stdout and "not used" in r.stdout
+
+
+@pytest.mark.parametrize("name", ["gpt_fp32", "vision_pinned", "mlp_graph", "tiny_graph", "gpt_bf16",
+                                  "ddp_manual_allreduce/rank0", "gpt_gpu_only"])
+def test_measured_step_times_are_accepted(name: str) -> None:
+    """Each program's own unprofiled timing (timings/) passes the check, the GPU-bound ones within
+    1-3 % of their traced kernel time, the all-reduce one although its NCCL kernels spin for
+    twice the real step, the GPU-only one though its trace has no step markers."""
+    timing = name.replace("/", "_")
+    real = float(json.loads((SAMPLES / "timings" / f"{timing}.json").read_text())["step_ms"])
+    a = gpuprof.analyze(SAMPLES / f"{name}.json.gz", step_ms=real)
+    assert a.summary["unprofiled_step_time_ms"] == real
+    assert not any("step time" in w or "--step-ms" in w for w in a.warnings)
