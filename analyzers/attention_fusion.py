@@ -15,7 +15,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from gpuprof.analyzers._base import Candidate, ms, per_shape, top_names, views
+import pandas as pd
+from gpuprof.analyzers._base import Candidate, ms, shape_codes, top_names, views
 
 if TYPE_CHECKING:
     from gpuprof.api import Analysis
@@ -41,9 +42,8 @@ def run(analysis: Analysis) -> list[Candidate]:
     for v in views(analysis):
         k = v.kernels
         ops = v.trace.ops
-        rows = k.loc[k["op"] >= 0, "op"].unique()
-        sq = per_shape(ops, rows, _square)
-        k_t = k["op"].map(sq).fillna(0).astype(int)
+        codes, sq = shape_codes(ops, k["op"].to_numpy(), _square)
+        k_t = pd.Series(np.array([*sq, 0], dtype=np.int64)[codes], index=k.index)  # code -1 (no op): 0
         names = k["op_name"].astype(str)
         if not (names.isin(SOFTMAX) & (k_t > 0)).any():
             continue
@@ -59,7 +59,7 @@ def run(analysis: Analysis) -> list[Candidate]:
         total = float(attn["dur"].sum())
         # Spread the fused time over the affected kernels in proportion to their duration.
         saved = attn["dur"] * max(0.0, 1.0 - fused_us / total) if total > 0 else attn["dur"] * 0
-        t = int(k_t[k_t > 0].mode().iat[0])
+        t = int(k_t[k_t > 0].mode().to_numpy()[0])
         out.append(Candidate(
             id="GP-ATTN-001", category="attention_fusion",
             title=f"Unfused attention: {len(attn) // v.n_steps} kernels per step read and write {t}×{t} score "

@@ -425,7 +425,7 @@ class _Exec:
         remaining, done, stalled_since = list(futures), 0, None
         while remaining:
             try:
-                got = wait(remaining, timeout=_DASK_POLL_S, return_when="FIRST_COMPLETED")
+                got = wait(remaining, timeout=_DASK_POLL_S, return_when="FIRST_COMPLETED")  # type: ignore[no-untyped-call]
                 finished, remaining = list(got.done), list(got.not_done)
             except TimeoutError:
                 finished = []
