@@ -24,8 +24,6 @@ import pytest
 
 from tests.conftest import SAMPLES
 
-pytest.importorskip("distributed", reason="dask.distributed is part of the test extra")
-
 RANKS = 64
 START_S = 120  # a loaded 2-core machine starts a scheduler and a worker in seconds; this is the bound
 REPORT_S = 900  # 64 ranks, each parsed twice, on two single-threaded workers
@@ -35,6 +33,7 @@ class Cluster:
     """A scheduler and workers as separate processes; every process is ended on close."""
 
     def __init__(self, tmp: Path, workers: int) -> None:
+        pytest.importorskip("distributed", reason="dask.distributed is part of the test extra")
         self.tmp = tmp
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         sched_file = tmp / "scheduler.json"
@@ -83,10 +82,12 @@ class Cluster:
             return len(c.processing().get(self.worker_addr[name], ()))
 
     def close(self) -> None:
-        for p in self.procs.values():  # workers first, then the scheduler (started first)
+        # Workers first, each gone before the scheduler: a worker that loses its scheduler first
+        # waits to reconnect (up to --death-timeout) instead of exiting.
+        for name in [*(n for n in self.procs if n != "scheduler"), "scheduler"]:
+            p = self.procs[name]
             if p.poll() is None:
                 p.terminate()
-        for p in self.procs.values():
             try:
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -194,3 +195,17 @@ def test_a_worker_that_cannot_see_a_trace_names_the_path_and_itself(cluster: Clu
     msg = str(e.value)
     assert msg.startswith(f"{missing}: no such file") and "\n" not in msg
     assert any(f"Dask worker {a}" in msg for a in cluster.worker_addr.values()), msg
+
+
+def test_local_workers_are_capped_at_the_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--workers 32 on 2 CPUs used 5 GB for no speed: at most one process per CPU."""
+    from gpuprof import api
+
+    monkeypatch.setattr(api, "cpu_count", lambda: 2)
+    for asked in (32, None):
+        with api._Exec(64, asked, None) as ex:
+            assert ex.pool is not None and ex.pool._max_workers == 2
+    with api._Exec(64, 1, None) as ex:
+        assert ex.pool is None  # one: in this process
+    with api._Exec(1, 32, None) as ex:
+        assert ex.pool is None  # never more processes than ranks
