@@ -388,17 +388,19 @@ def shape_codes(ops: pd.DataFrame, rows: np.ndarray | pd.Series | Iterable[int],
     r = np.asarray(rows if isinstance(rows, (np.ndarray, pd.Index, pd.Series)) else list(rows), dtype=np.int64)
     ok = (r >= 0) & (r < len(ops))
     sub = r[ok]
-    vcodes, values = pd.factorize(ops["input_dims"].to_numpy()[sub], use_na_sentinel=False)
+    values = ops["input_dims"].to_numpy()[sub]
+    vcodes, uniq = pd.factorize(values, use_na_sentinel=False)
     key = vcodes.astype(np.int64)
-    if by_name:
-        ncodes, names = pd.factorize(ops["name"].to_numpy()[sub], use_na_sentinel=False)
-        key = ncodes.astype(np.int64) * max(len(values), 1) + key
+    names = ops["name"].to_numpy()[sub] if by_name else None
+    if names is not None:
+        ncodes, _ = pd.factorize(names, use_na_sentinel=False)
+        key = ncodes.astype(np.int64) * max(len(uniq), 1) + key
     codes, _ = pd.factorize(key)
     _, first = np.unique(codes, return_index=True)  # the first row holding each distinct value
     results = []
-    for i in first:  # once per distinct value
-        dims = parse_arg(values[vcodes[i]])
-        results.append(fn(str(names[ncodes[i]]), dims) if by_name else fn(dims))
+    for i in first:  # once per distinct value; the row's own value (factorize turns None into NaN)
+        dims = parse_arg(values[i])
+        results.append(fn(str(names[i]), dims) if names is not None else fn(dims))
     out = np.full(len(r), -1, dtype=np.int64)
     out[ok] = codes
     return out, results
