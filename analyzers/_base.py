@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -92,8 +93,7 @@ class RankView:
         self.gaps = g.assign(events=n, real_dur=real_dur)
 
     def kernel_units(self, rows: Iterable[int], saved_us: np.ndarray | pd.Series) -> dict[Unit, float]:
-        saved = np.asarray(saved_us, dtype=float)
-        return {("k", self.rank, int(i)): float(s) for i, s in zip(rows, saved) if s > 0}
+        return units_of("k", self.rank, rows, saved_us)
 
     def inner_gap_units(self, rows: Iterable[int], exclude_first: Iterable[int] = (), after: bool = False
                         ) -> dict[Unit, float]:
@@ -749,23 +749,56 @@ def finalize(analysis: Analysis, candidates: list[Candidate]) -> list[Finding]:
     return merge(contribs, analysis.parts)
 
 
-def per_shape(ops: pd.DataFrame, rows: Iterable[int], fn: Any, by_name: bool = False) -> dict[int, Any]:
-    """``fn(input dims)`` (or ``fn(op name, input dims)`` with ``by_name``) of the given op rows,
-    computed once per distinct recorded value: a step repeats the same shapes thousands of times."""
+def units_of(kind: str, rank: int, rows: Iterable[int], saved_us: np.ndarray | pd.Series) -> dict[Unit, float]:
+    """``{(kind, rank, row): µs}`` for the rows that save something, built in C from whole
+    columns (a big trace has 10^5-10^6 kernel units; a Python loop over them was the cost)."""
+    saved = np.asarray(saved_us, dtype=float)
+    idx = np.asarray(rows if isinstance(rows, (np.ndarray, pd.Index, pd.Series)) else list(rows), dtype=np.int64)
+    m = saved > 0
+    n = int(m.sum())
+    return dict(zip(zip(repeat(kind, n), repeat(rank, n), idx[m].tolist()), saved[m].tolist()))
+
+
+def shape_codes(ops: pd.DataFrame, rows: np.ndarray | pd.Series | Iterable[int], fn: Any, by_name: bool = False
+                ) -> tuple[np.ndarray, list[Any]]:
+    """For each op row in ``rows`` (repeats allowed; negative: no op), the code of its distinct
+    recorded input dims (with the op name, with ``by_name``) and ``fn(dims)`` (``fn(name, dims)``)
+    of each distinct value; code -1 for no op. ``fn`` runs once per distinct value, the rest is
+    whole-column work: a step repeats the same shapes thousands of times."""
     from gpuprof.trace.load import parse_arg
 
-    values = ops["input_dims"].to_numpy()
-    names = ops["name"].to_numpy() if by_name else None
-    seen: dict[Any, Any] = {}
-    out = {}
-    for r in rows:
-        i = int(r)
-        key = (names[i], values[i]) if names is not None else values[i]
-        if key not in seen:
-            dims = parse_arg(values[i])
-            seen[key] = fn(str(names[i]), dims) if names is not None else fn(dims)
-        out[i] = seen[key]
-    return out
+    r = np.asarray(rows if isinstance(rows, (np.ndarray, pd.Index, pd.Series)) else list(rows), dtype=np.int64)
+    ok = (r >= 0) & (r < len(ops))
+    sub = r[ok]
+    values = ops["input_dims"].to_numpy()[sub]
+    vcodes, uniq = pd.factorize(values, use_na_sentinel=False)
+    key = vcodes.astype(np.int64)
+    names = ops["name"].to_numpy()[sub] if by_name else None
+    if names is not None:
+        ncodes, _ = pd.factorize(names, use_na_sentinel=False)
+        key = ncodes.astype(np.int64) * max(len(uniq), 1) + key
+    codes, _ = pd.factorize(key)
+    _, first = np.unique(codes, return_index=True)  # the first row holding each distinct value
+    results = []
+    for i in first:  # once per distinct value; the row's own value (factorize turns None into NaN)
+        dims = parse_arg(values[i])
+        results.append(fn(str(names[i]), dims) if names is not None else fn(dims))
+    out = np.full(len(r), -1, dtype=np.int64)
+    out[ok] = codes
+    return out, results
+
+
+def per_shape(ops: pd.DataFrame, rows: Iterable[int], fn: Any, by_name: bool = False) -> pd.Series:
+    """``fn(input dims)`` (or ``fn(op name, input dims)`` with ``by_name``) of the given op rows,
+    indexed by op row (each row once), computed once per distinct recorded value."""
+    r = np.unique(np.asarray(rows if isinstance(rows, (np.ndarray, pd.Index, pd.Series)) else list(rows),
+                             dtype=np.int64))
+    r = r[(r >= 0) & (r < len(ops))]
+    codes, results = shape_codes(ops, r, fn, by_name)
+    table = np.empty(len(results), dtype=object)
+    for i, x in enumerate(results):  # (a slice assignment would unpack tuples)
+        table[i] = x
+    return pd.Series(table[codes], index=r, dtype=object)
 
 
 def top_names(k: pd.DataFrame, n: int = 5, by: str = "dur") -> list[dict[str, Any]]:

@@ -15,7 +15,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from gpuprof.analyzers._base import Candidate, ms, per_shape, top_names, views
+import pandas as pd
+from gpuprof.analyzers._base import Candidate, ms, per_shape, shape_codes, top_names, views
 
 from gpuprof.trace.load import parse_arg
 
@@ -45,7 +46,7 @@ def _causal_evidence(ops: Any, t: int) -> str | None:
         return bool(d[-1] == d[-2] and (d[-1] >= t if at_least else d[-1] == t))
 
     tri = ops[names.isin(TRIANGLE).to_numpy()]
-    for name, dims in per_shape(tri, range(len(tri)), lambda n, d: (n, square(d, 0, True)), by_name=True).values():
+    for name, dims in per_shape(tri, range(len(tri)), lambda n, d: (n, square(d, 0, True)), by_name=True).tolist():
         if dims:
             return f"{name} on a square tensor"
     for name, at in MASK_FILL.items():
@@ -86,14 +87,13 @@ def run(analysis: Analysis) -> list[Candidate]:
     for v in views(analysis):
         k = v.kernels
         ops = v.trace.ops
-        rows = k.loc[k["op"] >= 0, "op"].unique()
-        sq = per_shape(ops, rows, _square)
-        k_t = k["op"].map(sq).fillna(0).astype(int)
+        codes, sq = shape_codes(ops, k["op"].to_numpy(), _square)
+        k_t = pd.Series(np.array([*sq, 0], dtype=np.int64)[codes], index=k.index)  # code -1 (no op): 0
         names = k["op_name"].astype(str)
         if not (names.isin(SOFTMAX) & (k_t > 0)).any():
             continue
         attn = k[k_t > 0]
-        t = int(k_t[k_t > 0].mode().iat[0])
+        t = int(k_t[k_t > 0].mode().to_numpy()[0])
         why_causal = _causal_evidence(ops, t)
         causal = why_causal is not None
         masked = bool((attn["op_name"].astype(str).isin(MASK)).any())

@@ -31,11 +31,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
-from gpuprof.analyzers._base import HOST_NOTE, Candidate, Described, RankView, ms, top_names
+from gpuprof.analyzers._base import HOST_NOTE, Candidate, Described, RankView, ms, top_names, units_of
 
 if TYPE_CHECKING:
     from gpuprof.ranks import RankPart, RankResult
@@ -122,7 +123,9 @@ class CrossCandidate(Described):  # type: ignore[misc]  # (mypy sees gpuprof.ana
 
 def to_candidate(cc: CrossCandidate, v: RankView) -> Candidate:
     """The rank's share as a Candidate with units, its gaps found in the rank's own view."""
-    units: dict[tuple[Any, ...], float] = {("k", v.rank, int(r)): float(x) for r, x in cc.kernel_units.items()}
+    units: dict[tuple[Any, ...], float] = units_of("k", v.rank, np.fromiter(cc.kernel_units, np.int64,
+                                                                            len(cc.kernel_units)),
+                                                    np.fromiter(cc.kernel_units.values(), float, len(cc.kernel_units)))
     if cc.gap_after_rows:
         units.update(v.inner_gap_units(cc.gap_after_rows, after=True))
     g = v.gaps
@@ -130,7 +133,8 @@ def to_candidate(cc: CrossCandidate, v: RankView) -> Candidate:
         a, b = np.asarray(cc.zero_gap_windows[0]), np.asarray(cc.zero_gap_windows[1])
         i = np.searchsorted(a, g["end"].to_numpy(), side="left") - 1  # last window starting before the gap ends
         overlaps = (i >= 0) & (b[np.maximum(i, 0)] > g["start"].to_numpy())
-        units.update({("gap", v.rank, int(j)): 0.0 for j in g.index[overlaps]})  # same lost time: no extra saving
+        # the same lost time: taken from other findings, with no extra saving
+        units.update(dict.fromkeys(zip(repeat("gap"), repeat(v.rank), g.index[overlaps].tolist()), 0.0))
     return Candidate(cc.id, cc.category, cc.title, cc.confidence, cc.recommendation, units, cc.evidence,
                      priority_ms=cc.priority_ms)
 
@@ -157,6 +161,12 @@ def plan(parts: Sequence[RankPart], detail: SlowDetail, active: Sequence[str] = 
     return out
 
 
+def _row_units(rows: pd.Series, saved: pd.Series) -> dict[int, float]:
+    """``{kernel row: µs}`` where something is saved, from whole columns."""
+    m = (saved > 0).to_numpy()
+    return dict(zip(rows.to_numpy()[m].astype(np.int64).tolist(), saved.to_numpy()[m].astype(float).tolist()))
+
+
 def _plan_comm(c: pd.DataFrame, parts: dict[int, RankPart]) -> dict[int, CrossCandidate]:
     steps = {r: p.n_steps for r, p in parts.items()}
     kernel_units: dict[int, dict[int, float]] = {}
@@ -168,11 +178,11 @@ def _plan_comm(c: pd.DataFrame, parts: dict[int, RankPart]) -> dict[int, CrossCa
         # exposed transfer costs only while GPU work was queued behind it (see rank_imbalance)
         keep = g["exposed_transfer"].clip(upper=g["queued_for"]).astype(float)
         keep.loc[last.index] = 0.0
-        kernel_units[r] = {int(row): float(v) for row, v in zip(g["row"], keep) if v > 0}
+        kernel_units[r] = _row_units(g["row"], keep)
         per_rank[r] = float(g["exposed_transfer"].sum()) / steps[r]
     # host gaps around mostly-exposed collectives go away with them (DDP launches few)
     exposed = c[c["exposed"] > 0.5 * c["dur"]]
-    gap_rows = {int(cast(int, r)): tuple(int(x) for x in g["row"]) for r, g in exposed.groupby("rank")}
+    gap_rows = {int(cast(int, r)): tuple(g["row"].tolist()) for r, g in exposed.groupby("rank")}
     if not any(kernel_units.values()) and not gap_rows:
         return {}
     rank = max(per_rank, key=lambda r: per_rank[r])
@@ -238,8 +248,7 @@ def _plan_imbalance(c: pd.DataFrame, parts: dict[int, RankPart], detail: SlowDet
     if not held:
         c["real_wait"] = 0.0
     real = c.groupby("rank")["real_wait"].sum() / steps.reindex(c["rank"].unique())
-    kernel_units = {int(cast(int, r)): {int(row): float(v) for row, v in zip(g["row"], g["real_wait"]) if v > 0}
-                    for r, g in c.groupby("rank")}
+    kernel_units = {int(cast(int, r)): _row_units(g["row"], g["real_wait"]) for r, g in c.groupby("rank")}
     kernel_units = {r: u for r, u in kernel_units.items() if u}
     if not kernel_units:
         return {}

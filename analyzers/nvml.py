@@ -58,7 +58,7 @@ def gpu_throttling(analysis: "Analysis") -> list[Candidate]:
             recommendation="Check power and cooling (nvidia-smi -q -d PERFORMANCE,POWER,TEMPERATURE); a dense "
                            "GEMM loop at the power cap is expected on Hopper, and then FP8 or fewer wasted FLOPs "
                            "lower the power per step; thermal or HW slowdown points at cooling or the node.",
-            units={("k", v.rank, int(i)): float(x) for i, x in zip(compute.index, saved) if x > 0},
+            units=v.kernel_units(compute.index, saved),
             evidence={"rank": v.rank, "sm_clock_mhz_when_held": round(float(clock), 1), "sm_clock_mhz_max": float(top),
                       "held_pct_of_busy_time": round(100 * share, 1), "reasons": s["clock_event_reasons"],
                       "power_w_mean": s["power_w_mean"], "power_limit_w": s["power_limit_w"],

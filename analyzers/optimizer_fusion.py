@@ -46,7 +46,7 @@ def run(analysis: Analysis) -> list[Candidate]:
         params = 0
         for name in candidates:  # the once-per-parameter op with the largest first argument
             rows = k.loc[names == name, "op"].unique()
-            total = sum(per_shape(ops, rows, lambda d: _numel(_first(d))).values()) / v.n_steps
+            total = float(per_shape(ops, rows, lambda d: _numel(_first(d))).sum()) / v.n_steps
             params = max(params, int(total))
         opt_name = _optimizer_name(v.trace.annotations)
         per_param = 5 * 4 if "SGD" in opt_name else 7 * 4

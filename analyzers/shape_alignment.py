@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from gpuprof.analyzers._base import Candidate, ms, per_shape, top_names, views
+from gpuprof.analyzers._base import Candidate, ms, shape_codes, top_names, views
 
 from gpuprof.costmodel import gemm_mnk
 from gpuprof.trace.load import parse_arg
@@ -41,13 +41,15 @@ def run(analysis: Analysis) -> list[Candidate]:
         g = k[(k["family"] == "gemm") & (k["engine"] == "tensor") & np.isfinite(k["t_roof_us"])]
         if g.empty:
             continue
-        op_rows = g["op"].unique()
-        shapes = per_shape(ops, op_rows, gemm_mnk, by_name=True)
+        codes, shapes = shape_codes(ops, g["op"].to_numpy(), gemm_mnk, by_name=True)
         vocab = _vocab_sizes(ops)
-        dims = np.array([shapes.get(int(r)) or (0, 0, 0, 0) for r in g["op"]], dtype=np.int64).reshape(-1, 4)
-        has = np.array([shapes.get(int(r)) is not None for r in g["op"]], dtype=bool)
-        dtype = g["math_dtype"].astype(object).to_numpy()
-        align = np.array([ALIGN.get(str(d), 8) for d in dtype], dtype=np.int64)
+        # one row per distinct shape, and a last row of zeros for kernels without an op (code -1)
+        table = np.array([x or (0, 0, 0, 0) for x in shapes] + [(0, 0, 0, 0)], dtype=np.int64).reshape(-1, 4)
+        dims = table[codes]
+        has = np.array([x is not None for x in shapes] + [False], dtype=bool)[codes]
+        dcodes, dnames = pd.factorize(g["math_dtype"].astype(object).to_numpy(), use_na_sentinel=False)
+        align = np.array([ALIGN.get(str(d), 8) for d in dnames], dtype=np.int64)[dcodes]
+        dtype = np.asarray(dnames, dtype=object)[dcodes]
         odd = has[:, None] & (dims[:, 1:] % align[:, None] != 0)  # M, N, K
         cats = g["name"].astype("category")
         old_arch = np.array([bool(_OLD_ARCH.search(str(n))) for n in cats.cat.categories], dtype=bool)
@@ -56,11 +58,9 @@ def run(analysis: Analysis) -> list[Candidate]:
         if not mis.any():
             continue
         mis_rows = list(g.index[mis])
-        dims_seen: dict[int, float] = {}
-        dur = g["dur"].to_numpy()
-        for i, j in zip(*np.nonzero(odd)):
-            n = int(dims[i, 1 + j])
-            dims_seen[n] = dims_seen.get(n, 0.0) + float(dur[i])
+        i, j = np.nonzero(odd)  # row-major: each kernel's M, N, K in turn, as the report lists them
+        seen = pd.Series(g["dur"].to_numpy()[i]).groupby(dims[i, 1 + j], sort=False).sum()
+        dims_seen: dict[int, float] = dict(zip(seen.index.astype(np.int64).tolist(), seen.astype(float).tolist()))
         bad = g.loc[mis_rows]
         good = g.drop(index=mis_rows)
         eff = float(good["t_roof_us"].sum() / good["dur"].sum()) if good["dur"].sum() > 0 else np.nan
@@ -111,15 +111,16 @@ def run(analysis: Analysis) -> list[Candidate]:
 
 def _vocab_sizes(ops: pd.DataFrame) -> set[int]:
     """Row counts of embedding tables (the weight of ``aten::embedding``, ``num_weights`` of its
-    backward): the only dimensions the advice calls a vocabulary."""
-    emb = ops[ops["name"].isin(["aten::embedding", "aten::embedding_dense_backward"])]
+    backward): the only dimensions the advice calls a vocabulary. Read once per distinct recorded
+    argument list."""
     out: set[int] = set()
-    for name, dims, conc in zip(emb["name"], emb["input_dims"], emb["concrete_inputs"]):
+    names = ops["name"].astype(object)
+    for dims in pd.unique(ops.loc[names == "aten::embedding", "input_dims"]):
         d: Any = parse_arg(dims)
-        if name == "aten::embedding" and d and isinstance(d[0], list) and d[0]:
+        if d and isinstance(d[0], list) and d[0]:
             out.add(int(d[0][0]))
-        elif name == "aten::embedding_dense_backward":
-            c: Any = parse_arg(conc)
-            if isinstance(c, list) and len(c) > 2 and str(c[2]).isdigit():
-                out.add(int(c[2]))
+    for conc in pd.unique(ops.loc[names == "aten::embedding_dense_backward", "concrete_inputs"]):
+        c: Any = parse_arg(conc)
+        if isinstance(c, list) and len(c) > 2 and str(c[2]).isdigit():
+            out.add(int(c[2]))
     return out

@@ -17,7 +17,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-from gpuprof.analyzers._base import Candidate, ms, per_shape, top_names, views
+import pandas as pd
+from gpuprof.analyzers._base import Candidate, ms, shape_codes, top_names, units_of, views
 
 from gpuprof.costmodel import gemm_mnk
 
@@ -56,7 +57,7 @@ def pageable_memcpy(analysis: Analysis) -> list[Candidate]:
             recommendation="Allocate host tensors in pinned memory (`DataLoader(pin_memory=True)` or "
                            "`tensor.pin_memory()`) and copy with `.to('cuda', non_blocking=True)`, ideally "
                            "prefetching the next batch on a side stream so the copy overlaps compute.",
-            units={("m", t.meta.rank, int(i)): float(s) for i, s in zip(pageable.index, saved) if s > 0},
+            units=units_of("m", t.meta.rank, pageable.index, saved),
             evidence={"rank": t.meta.rank, "pageable_copies": pageable["name"].astype(str).value_counts().to_dict(),
                       "pageable_gbps": round(achieved, 2), "pinned_gbps_used": round(rate, 2), "rate_source": source,
                       "copy_ms_per_step": round(ms(pageable["dur"].sum()) / n_steps, 3),
@@ -77,9 +78,9 @@ def memory_bound_decode(analysis: Analysis) -> list[Candidate]:
         g = v.kernels[(v.kernels["family"] == "gemm") & np.isfinite(v.kernels["t_roof_us"])]
         if g.empty:
             continue
-        rows = per_shape(ops, g["op"].unique(), gemm_mnk, by_name=True)
-        m_of = {r: mnk[1] for r, mnk in rows.items() if mnk}
-        m_rows = g["op"].map(m_of).fillna(10**9)
+        codes, mnk = shape_codes(ops, g["op"].to_numpy(), gemm_mnk, by_name=True)
+        m_of = np.array([x[1] if x else 10**9 for x in mnk] + [10**9], dtype=np.int64)  # no op or no model: huge
+        m_rows = pd.Series(m_of[codes], index=g.index)
         gemv = g[(m_rows <= GEMV_ROWS) & g["bound"].isin(["memory", "latency"])]
         if gemv.empty or gemv["dur"].sum() < 0.5 * g["dur"].sum():
             continue

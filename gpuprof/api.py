@@ -469,8 +469,52 @@ def _clean(d: Any) -> Any:
     return d
 
 
+def cpu_count() -> int:
+    """CPUs this process may run on (its affinity mask, which containers and batch schedulers set)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+#: Seconds a Dask run may go without a scheduler connection or without any worker before it
+#: fails with one line (``$GPUPROF_DASK_TIMEOUT_S``); a worker lost meanwhile is not an error:
+#: the scheduler runs its tasks again elsewhere.
+DASK_TIMEOUT_S = 60.0
+_DASK_POLL_S = 1.0
+
+
+def _dask_timeout() -> float:
+    try:
+        return float(os.environ.get("GPUPROF_DASK_TIMEOUT_S", DASK_TIMEOUT_S))
+    except ValueError:
+        return DASK_TIMEOUT_S
+
+
+def _on_dask_worker(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` on a Dask worker; an error about the input names this worker, since a path
+    the driver sees may be missing on the worker (traces must be on a shared file system)."""
+    try:
+        return fn(*args)
+    except GpuprofError as e:
+        from dask.distributed import get_worker
+
+        try:
+            where = get_worker().address
+        except ValueError:  # not on a worker after all
+            raise e from None
+        raise type(e)(f"{e} (read on Dask worker {where})") from None
+
+
+def _label(arg: Any) -> str:
+    return str(getattr(arg, "path", arg))
+
+
 class _Exec:
-    """Where per-rank work runs: this process, local worker processes, or a Dask cluster."""
+    """Where per-rank work runs: this process, local worker processes, or a Dask cluster.
+
+    Local processes are capped at the CPUs this process may use: more only add memory (each
+    holds a rank's frames) and no speed."""
 
     def __init__(self, n: int, workers: int | None, dask: str | None,
                  progress: Callable[[int, int, str], None] | None = None) -> None:
@@ -478,6 +522,9 @@ class _Exec:
         self.client: Any = None
         self.cluster: Any = None
         self.pool: Any = None
+        self.address = dask
+        cpus = cpu_count()
+        w = max(1, min(n, workers or cpus, cpus))
         if dask:
             try:
                 from dask.distributed import Client, LocalCluster
@@ -486,7 +533,7 @@ class _Exec:
             try:
                 if dask == "local":
                     self.cluster = LocalCluster(  # type: ignore[no-untyped-call]
-                        n_workers=min(n, workers or os.cpu_count() or 1), threads_per_worker=1, processes=True,
+                        n_workers=w, threads_per_worker=1, processes=True,
                         dashboard_address=None, silence_logs=logging.CRITICAL)  # a bad trace: one line, ours
                     self.client = Client(self.cluster)  # type: ignore[no-untyped-call]
                 else:
@@ -494,7 +541,6 @@ class _Exec:
             except OSError as e:
                 raise GpuprofError(f"cannot reach the Dask scheduler {dask!r} ({e})") from None
             return
-        w = min(n, workers or os.cpu_count() or 1)
         if w > 1:
             from concurrent.futures import ProcessPoolExecutor
 
@@ -506,13 +552,7 @@ class _Exec:
         n = len(args[0]) if args else 0
         report = self.progress if self.progress is not None and stage and n > 1 else None
         if self.client is not None:
-            futures = self.client.map(fn, *args, pure=False)
-            if report is not None:
-                from dask.distributed import as_completed as dask_completed
-
-                for i, _ in enumerate(dask_completed(futures), 1):  # type: ignore[no-untyped-call]
-                    report(i, n, stage)
-            return list(self.client.gather(futures))
+            return self._dask_map(fn, args, n, report, stage)
         if self.pool is not None:
             from concurrent.futures import as_completed
 
@@ -528,6 +568,54 @@ class _Exec:
                 report(i, n, stage)
         return out
 
+    def _dask_map(self, fn: Any, args: Sequence[Sequence[Any]], n: int,
+                  report: Callable[[int, int, str], None] | None, stage: str) -> list[Any]:
+        """The tasks on the cluster, watched: a task's error is raised as soon as it arrives, and
+        a cluster without a scheduler connection or without workers for ``$GPUPROF_DASK_TIMEOUT_S``
+        fails with one line instead of waiting for ever."""
+        import time
+        from functools import partial
+
+        from dask.distributed import KilledWorker, wait
+
+        futures = self.client.map(partial(_on_dask_worker, fn), *args, pure=False)
+        label = {f.key: _label(a) for f, a in zip(futures, args[0])}
+        limit = _dask_timeout()
+        remaining, done, stalled_since = list(futures), 0, None
+        while remaining:
+            try:
+                got = wait(remaining, timeout=_DASK_POLL_S, return_when="FIRST_COMPLETED")  # type: ignore[no-untyped-call]
+                finished, remaining = list(got.done), list(got.not_done)
+            except TimeoutError:
+                finished = []
+            for f in finished:
+                if f.status == "error":
+                    try:
+                        f.result()
+                    except KilledWorker:
+                        raise GpuprofError(f"{label[f.key]}: Dask workers died while analysing it, more often than "
+                                           "the scheduler retries a task (distributed.scheduler.allowed-failures); "
+                                           "the trace may need more memory than a worker has") from None
+                elif f.status == "cancelled":
+                    raise GpuprofError(f"{label[f.key]}: its task was cancelled on the Dask cluster {self.address!r}")
+            done += len(finished)
+            if report is not None:
+                for i in range(done - len(finished) + 1, done + 1):
+                    report(i, n, stage)
+            if not remaining:
+                break
+            connected = self.client.status == "running"
+            workers = len(self.client.scheduler_info().get("workers", {})) if connected else 0
+            if connected and workers:
+                stalled_since = None
+            elif stalled_since is None:
+                stalled_since = time.monotonic()
+            elif time.monotonic() - stalled_since > limit:
+                why = "has no workers" if connected else "is unreachable"
+                raise GpuprofError(f"the Dask cluster {self.address!r} {why} since {limit:.0f} s; {len(remaining)} of "
+                                   f"{n} ranks unfinished (GPUPROF_DASK_TIMEOUT_S sets how long to wait)")
+        return list(self.client.gather(futures))
+
     def call(self, fn: Any, *args: Any) -> Any:
         return self.map(fn, *[[a] for a in args])[0]
 
@@ -538,7 +626,7 @@ class _Exec:
         if self.pool is not None:
             self.pool.shutdown()
         if self.client is not None:
-            self.client.close()
+            self.client.close(timeout=10)
         if self.cluster is not None:
             self.cluster.close()
 
@@ -550,8 +638,8 @@ def _trace_job(job: Job) -> RankTrace:
 def load_traces(files: Sequence[Path], cache: bool = True, workers: int | None = None,
                 dask: str | None = None) -> list[RankTrace]:
     """Load trace files through the parse cache (unless ``cache`` is False). Several files are
-    parsed in parallel: by up to ``workers`` local processes (default: one per CPU, at most one
-    per file; 1 parses in this process), or on a Dask cluster when ``dask`` is a scheduler
+    parsed in parallel: by up to ``workers`` local processes (default and most: one per CPU,
+    at most one per file; 1 parses in this process), or on a Dask cluster when ``dask`` is a scheduler
     address, or ``"local"`` for a local one (needs ``pip install 'gpuprof[dask]'``)."""
     jobs = [Job(str(Path(f).resolve()), i, cache) for i, f in enumerate(files)]
     with _Exec(len(jobs), workers, dask) as ex:
@@ -598,8 +686,8 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
     writes the parse cache and the results cache (:mod:`gpuprof.trace.cache`): a second analysis
     of an unchanged trace with the same options loads no frames until they are asked for.
 
-    Several rank traces are worked on in parallel: by up to ``workers`` local processes (default
-    one per CPU; 1 works in this process), or on a Dask cluster (``dask``: a scheduler address,
+    Several rank traces are worked on in parallel: by up to ``workers`` local processes (default and
+    most: one per CPU; 1 works in this process), or on a Dask cluster (``dask``: a scheduler address,
     or ``"local"``). Unless ``keep_traces`` (default: only for a single trace), each rank is
     reduced where it is loaded to a small summary (:mod:`gpuprof.ranks`) and only those cross to
     this process, so memory here does not grow with the traces; ``Analysis.ranks`` then loads

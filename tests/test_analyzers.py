@@ -168,3 +168,26 @@ def test_recorded_dataloader_runs() -> None:
     top = inline.findings[0]
     gap = inline.run["unprofiled_step_ms"] - workers.run["unprofiled_step_ms"]
     assert top.category == "input_pipeline" and 0.6 * gap < top.estimated_savings_ms < 1.2 * gap
+
+
+def test_shape_codes_parse_each_distinct_shape_once_and_keep_ops_without_shapes() -> None:
+    """SYNTHETIC ops frame: repeated shapes, an op without recorded shapes (None, as the loader
+    stores it: a real Llama decode trace has them) and kernels without an op (-1)."""
+    import pandas as pd
+
+    from gpuprof.analyzers._base import per_shape, shape_codes
+
+    ops = pd.DataFrame({"name": ["aten::mm", "aten::mm", "aten::add", "aten::mm"],
+                        "input_dims": [b"[[2, 3], [3, 4]]", b"[[2, 3], [3, 4]]", None, b"[[8, 8], [8, 8]]"]})
+    seen: list[object] = []
+
+    def fn(name: str, dims: object) -> object:
+        seen.append((name, dims))
+        return (name, dims)
+
+    codes, results = shape_codes(ops, [0, 1, -1, 2, 3, 0], fn, by_name=True)
+    assert len(seen) == 3 and [results[c] if c >= 0 else None for c in codes] == [
+        ("aten::mm", [[2, 3], [3, 4]]), ("aten::mm", [[2, 3], [3, 4]]), None, ("aten::add", None),
+        ("aten::mm", [[8, 8], [8, 8]]), ("aten::mm", [[2, 3], [3, 4]])]
+    s = per_shape(ops, [3, 0, 0, -1], lambda d: len(d) if d else 0)
+    assert s.to_dict() == {0: 2, 3: 2}

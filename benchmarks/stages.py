@@ -1,0 +1,158 @@
+"""Where a cold report's time goes: each stage and each analyzer, timed on one trace.
+
+Stages, in the order ``gpuprof report --no-cache`` runs them on a single trace: ``load`` (decode
+and frames, :func:`gpuprof.trace.load.load_trace`), ``cost model + roofline``
+(:func:`gpuprof.roofline.classify`, which prices every op through :mod:`gpuprof.costmodel`),
+``timeline`` (:func:`gpuprof.timeline.summarize`), ``rank summary`` (:func:`gpuprof.ranks.part_of`),
+``views`` (per-rank views and idle gaps shared by the analyzers), then every analyzer of the
+registry alone, ``claims`` and the JSON report. Beside the load: a bare msgspec typed decode of
+the same file (read, gunzip, decode into structs of the fields gpuprof reads, nothing else),
+the floor the loader is measured against. Each trace runs in a fresh process; with ``--json``
+the figures are printed as one JSON object per trace (``benchmarks/matrix.py`` reads them).
+
+A regression in one analyzer shows as its own line growing, whatever the others do.
+
+    python -m benchmarks.stages sample_traces/h200/gpt_host_sync.json.gz [more traces...] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CHILD = r"""
+import gc, gzip, json, resource, sys, time
+from typing import Any
+import msgspec
+
+path = sys.argv[1]
+times = {}
+
+class Args(msgspec.Struct):
+    external_id: Any = msgspec.field(default=None, name="External id")
+    correlation: Any = None
+    stream: Any = None
+    device: Any = None
+    grid: Any = None
+    block: Any = None
+    registers: Any = msgspec.field(default=None, name="registers per thread")
+    shared_memory: Any = msgspec.field(default=None, name="shared memory")
+    occupancy: Any = msgspec.field(default=None, name="est. achieved occupancy %")
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
+    input_strides: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Strides")
+    concrete_inputs: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Concrete Inputs")
+    sequence_number: Any = msgspec.field(default=None, name="Sequence number")
+    fwd_thread_id: Any = msgspec.field(default=None, name="Fwd thread id")
+    bytes: Any = None
+    collective_name: Any = msgspec.field(default=None, name="Collective name")
+    in_msg_nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    out_msg_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
+    group_size: Any = msgspec.field(default=None, name="Group size")
+    dtype: Any = None
+    name: Any = None
+
+class Event(msgspec.Struct):
+    ph: Any = None
+    cat: Any = None
+    name: str = ""
+    pid: Any = 0
+    tid: Any = 0
+    ts: Any = None
+    dur: Any = 0.0
+    args: Args | None = None
+
+class Doc(msgspec.Struct):
+    traceEvents: list[Event] = []
+    deviceProperties: Any = None
+    distributedInfo: Any = None
+    baseTimeNanoseconds: Any = None
+
+def bare() -> int:
+    raw = open(path, "rb").read()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    return len(msgspec.json.decode(raw, type=Doc).traceEvents)
+
+gc.disable()  # as load_trace does: a decode of millions of small objects must not pay for GC passes
+t = time.perf_counter(); n_events = bare(); times["bare msgspec decode"] = time.perf_counter() - t
+gc.enable(); gc.collect()
+
+import gpuprof
+from gpuprof.analyzers import REGISTRY, _base, findings_of, select
+from gpuprof.api import Analysis
+from gpuprof.ranks import part_of, RankResult
+from gpuprof.roofline import classify
+from gpuprof.specs import resolve
+from gpuprof.timeline import summarize
+from gpuprof.trace.load import load_trace
+
+def stage(name, fn):
+    t = time.perf_counter()
+    out = fn()
+    times[name] = times.get(name, 0.0) + time.perf_counter() - t
+    return out
+
+trace = stage("load", lambda: load_trace(path))
+spec = resolve(trace.meta.device_properties)
+roof = stage("cost model + roofline", lambda: classify(trace, spec))
+summary = stage("timeline", lambda: summarize(trace.steps, trace.kernels, roof, trace.memcpys, spec))
+r = RankResult(trace, roof, summary)
+part = stage("rank summary", lambda: part_of(r))
+a = Analysis(parts=(part,), spec=spec, results=(r,))
+active, _ = select(a.parts, spec)
+stage("views", lambda: _base.views(a))
+cands = []
+for an in active:
+    if an.run is not None:
+        cands.extend(stage("analyzer " + an.name, lambda: an.run(a)))
+contribs = stage("claims", lambda: _base.claim(part.rank, cands, part.n_steps))
+findings = findings_of(a.parts, contribs)
+from dataclasses import replace
+stage("json report", lambda: replace(a, findings=tuple(findings)).to_json())
+print(json.dumps({"events": n_events, "kernels": len(trace.kernels), "seconds": times,
+                  "findings": [f.id for f in findings],
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def measure(path: str | Path, python: str = sys.executable) -> dict[str, object]:
+    """The stage times of one trace, in a fresh process."""
+    r = subprocess.run([python, "-c", CHILD, str(path)], capture_output=True, text=True, cwd=ROOT)
+    if r.returncode != 0:
+        return {"error": (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]}
+    out: dict[str, object] = json.loads(r.stdout.strip().splitlines()[-1])
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("traces", nargs="+")
+    p.add_argument("--json", action="store_true", help="one JSON object per trace instead of a table")
+    a = p.parse_args()
+    for path in a.traces:
+        m = measure(path)
+        if a.json:
+            print(json.dumps({"trace": path, **m}))
+            continue
+        print(f"{path}: {Path(path).stat().st_size / 1e6:.1f} MB, {m.get('events', '?')} events")
+        if "error" in m:
+            print(f"  failed: {m['error']}")
+            continue
+        secs = m["seconds"]
+        assert isinstance(secs, dict)
+        total = sum(v for k, v in secs.items() if k != "bare msgspec decode")
+        for k, v in secs.items():
+            share = "" if k == "bare msgspec decode" else f"{100 * v / total:5.1f} %"
+            print(f"  {k:34} {v:8.3f} s  {share}")
+        print(f"  {'total (without the bare decode)':34} {total:8.3f} s   peak RSS {m['peak_rss_mb']:.0f} MB")
+        print(f"  load / bare decode: {secs['load'] / secs['bare msgspec decode']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
