@@ -55,7 +55,9 @@ def classify(trace: RankTrace, spec: GpuSpec | None) -> pd.DataFrame:
     k = trace.kernels
     ops = trace.ops
     op = k["op"].to_numpy()
-    costs = op_costs(ops, op) if len(ops) else pd.DataFrame(columns=["flops", "bytes", "dtype", "family"])
+    # A GPU-only trace has no ops: empty costs, but with float columns (object NaN breaks isfinite below).
+    costs = op_costs(ops, op) if len(ops) else pd.DataFrame({"flops": pd.Series(dtype=float), "bytes": pd.Series(
+        dtype=float), "dtype": pd.Series(dtype=object), "family": pd.Series(dtype=object)})
     has = op >= 0
     # Split an op's FLOPs and bytes over its kernels by duration (split-K GEMM + reduce, etc.).
     op_time = k.groupby("op")["dur"].transform("sum").to_numpy()

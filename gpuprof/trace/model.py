@@ -50,15 +50,21 @@ class TraceMeta:
     device_properties: list[dict[str, Any]]
     distributed_info: dict[str, Any] | None
     t0_epoch_ns: int
-    time_origin: str  # "baseTimeNanoseconds" or "absolute-us"
+    time_origin: str  # "baseTimeNanoseconds", "absolute-us" (Unix µs) or "trace-clock-us" (not Unix time)
     schema_version: Any
     trace_name: str | None
     record_shapes: bool
     with_stack: bool
-    steps_source: str  # "ProfilerStep", "optimizer", or "whole trace"
+    steps_source: str  # "ProfilerStep", "ProfilerStep (GPU)", "optimizer", or "whole trace"
     events: int
     warnings: tuple[str, ...] = field(default_factory=tuple)
     content_key: str | None = None  # the cache key of the bytes these frames were parsed from (None: no cache)
+    #: Graph capture/instantiation calls (``cudaStreamBeginCapture``, ``cudaGraphInstantiate``,
+    #: HIP alike: ``gpuprof.trace.names.GRAPH_CAPTURE_CALLS``). Non-zero: the trace records capture
+    #: (warm-up), not a steady-state profile.
+    graph_capture_calls: int = 0
+    #: Graph replays (``cudaGraphLaunch``/``hipGraphLaunch``); their kernels have ``in_graph``.
+    graph_launch_calls: int = 0
 
     @property
     def gpu_name(self) -> str | None:
