@@ -31,6 +31,7 @@ import pandas as pd
 
 from gpuprof.findings import Finding
 from gpuprof.ranks import event_cost_us
+from gpuprof.trace.names import SYNC_CALLS as SYNC_CALLS  # the one table (ROCm too); analyzers import it from here
 
 if TYPE_CHECKING:
     from gpuprof.api import Analysis, RankResult
@@ -183,8 +184,6 @@ def gaps(r: RankResult) -> pd.DataFrame:
     })
 
 
-SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
-              "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2")
 _LOADER = r"DataLoader|dataloader|_next_data|__next__"
 
 

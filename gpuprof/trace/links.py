@@ -257,6 +257,8 @@ def attach_links(kernels: pd.DataFrame, memcpys: pd.DataFrame, ops: pd.DataFrame
     kinds = runtime["kind"].astype(object).to_numpy()
     meta = TraceMeta(steps_source=source, warnings=tuple(warnings),
                      graph_capture_calls=int((kinds == "graph_capture").sum()),
-                     graph_launch_calls=int((kinds == _GRAPH_LAUNCH).sum()), **meta_kwargs)
+                     graph_launch_calls=int((kinds == _GRAPH_LAUNCH).sum()),
+                     cpu_events=len(ops) + int((~annotations["on_gpu"].to_numpy(dtype=bool)).sum()),
+                     runtime_calls=len(runtime), **meta_kwargs)
     return RankTrace(meta=meta, kernels=kernels, memcpys=memcpys, ops=ops, runtime=runtime,
                      annotations=annotations, steps=steps, collectives=collectives)

@@ -24,7 +24,7 @@ from gpuprof.errors import TraceError
 from gpuprof.files import read_file
 from gpuprof.trace.links import attach_links
 from gpuprof.trace.model import RankTrace
-from gpuprof.trace.names import is_comm
+from gpuprof.trace.names import is_comm, kernel_classes
 
 _NO_RAW = msgspec.Raw(b"")
 
@@ -393,6 +393,7 @@ def _finish(df: pd.DataFrame, bucket: str, t_origin: float) -> pd.DataFrame:
     codes = df["name"].cat.codes.to_numpy()
     if bucket == "kernels":
         df.insert(list(df.columns).index("occupancy") + 1, "is_comm", is_comm(df["name"]))
+        df.insert(list(df.columns).index("is_comm") + 1, "name_class", pd.Categorical(kernel_classes(df["name"])))
     if bucket == "memcpys":
         parsed = [_MEMCPY_NAME.match(n) for n in names]
         for i, (col, memset) in enumerate((("kind", "Memset"), ("src", "Device"), ("dst", "Device")), start=1):

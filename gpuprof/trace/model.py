@@ -9,13 +9,20 @@ kernels
     name (category), ts, dur, end, device, stream, correlation, external_id, grid_x/y/z,
     block_x/y/z, blocks (grid size), threads_per_block, registers, shared_mem, occupancy
     (est. achieved %, NaN where the trace has 0: cluster launches such as nvjet and NCCL),
+    is_comm (communication kernel by name: NCCL, RCCL, DeepEP, custom all-reduce/all-to-all;
+    ``gpuprof.trace.names.COMM_PATTERNS``), name_class (what the name says it does: gemm, conv,
+    attention, norm, softmax, reduction, copy, elementwise, communication, other;
+    ``names.kernel_class``, for traces without shapes and across vendors),
     and, from links: launch_ts, launch_tid, launch_api (cudaLaunchKernel, cuLaunchKernelEx,
-    cudaGraphLaunch...), op (row of ``ops``, -1 if none), step (-1 outside any step),
-    is_comm (NCCL/communication kernel).
+    hipExtModuleLaunchKernel, cudaGraphLaunch...), in_graph (bool: launched by a graph replay,
+    ``cudaGraphLaunch``/``hipGraphLaunch``, whose correlation every kernel of the graph carries),
+    op (row of ``ops``, -1 if none: the op whose External id the kernel or its launch call carries
+    if the launch call lies inside that op's span on its thread, else the innermost op around the
+    launch call; for graph kernels, the op around the graph launch), step (-1 outside any step).
 memcpys
     name, kind (HtoD, DtoH, DtoD, PtoP, Memset), src, dst (Pageable, Pinned, Device, ...),
     bytes, ts, dur, end, device, stream, correlation, external_id, launch_ts, launch_tid,
-    launch_api, op, step.
+    launch_api, in_graph, op, step (as for kernels).
 ops
     name (category), ts, dur, end, pid, tid, external_id, sequence_number, fwd_thread_id,
     input_dims, input_types, input_strides, concrete_inputs (the JSON bytes Kineto recorded, None
@@ -23,7 +30,9 @@ ops
     depth (nesting depth on its thread, 0 = top level), parent (row of ``ops``, -1), step.
 runtime
     name (category), api (runtime or driver), ts, dur, end, pid, tid, correlation, external_id,
-    step.
+    kind (launch, graph_launch, graph_capture, sync, malloc, free or other: the tables of
+    ``gpuprof.trace.names``, CUDA, driver and HIP), op (row of ``ops``: the innermost op on the
+    call's thread whose span holds its start, -1), step.
 annotations
     name, ts, dur, end, pid, tid, on_gpu (gpu_user_annotation), device, stream, external_id.
 steps
@@ -65,6 +74,8 @@ class TraceMeta:
     graph_capture_calls: int = 0
     #: Graph replays (``cudaGraphLaunch``/``hipGraphLaunch``); their kernels have ``in_graph``.
     graph_launch_calls: int = 0
+    cpu_events: int = 0  # CPU ops + CPU annotations (0: a GPU-only trace, activities=[CUDA])
+    runtime_calls: int = 0  # CUDA/HIP runtime and driver calls (0: no launch times)
 
     @property
     def gpu_name(self) -> str | None:

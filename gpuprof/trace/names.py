@@ -153,3 +153,34 @@ def call_kinds(names: pd.Series) -> np.ndarray:
 def is_comm(names: pd.Series) -> np.ndarray:
     """Whether each kernel name is communication (:data:`COMM_PATTERNS`)."""
     return per_category(names, lambda n: comm_library(n) is not None, dtype=bool)
+
+
+#: What a kernel does, read from its name alone (for traces without shapes, e.g. GPU-only ones,
+#: and to compare vendors' kernels: cuBLAS ``nvjet``/``sm90_xmma_gemm`` and rocBLAS/hipBLASLt
+#: ``Cijk_`` are both ``gemm``). First match wins; communication (:data:`COMM_PATTERNS`) comes first.
+KERNEL_CLASSES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("attention", re.compile(r"flash|fmha|attn|attention|sdpa|mha_", re.IGNORECASE)),
+    ("conv", re.compile(r"conv|wgrad|dgrad|winograd|fft2d_|igemm_(?:fwd|bwd|wrw)", re.IGNORECASE)),
+    ("gemm", re.compile(r"gemm|nvjet|xmma|cijk_|gemv|wmma|matmul|cublas|hipblaslt|triton_tem|bmm", re.IGNORECASE)),
+    ("norm", re.compile(r"norm(?!al)|bn_fw|bn_bw", re.IGNORECASE)),
+    ("softmax", re.compile(r"softmax", re.IGNORECASE)),
+    ("reduction", re.compile(r"reduce|reduction|triton_red|triton_per|argmax|argmin|topk|sort|scan", re.IGNORECASE)),
+    ("copy", re.compile(r"copy|memcpy|memset|fill|transpose|catarray|gather|scatter|index", re.IGNORECASE)),
+    ("elementwise", re.compile(r"elementwise|vectorized|unrolled|triton_poi|pointwise|tensorop|act_and_mul|"
+                               r"rotary|silu|gelu|relu", re.IGNORECASE)),
+)
+
+
+def kernel_class(name: str) -> str:
+    """``communication``, a :data:`KERNEL_CLASSES` label, or ``other``."""
+    if comm_library(name) is not None:
+        return "communication"
+    for label, pattern in KERNEL_CLASSES:
+        if pattern.search(name):
+            return label
+    return "other"
+
+
+def kernel_classes(names: pd.Series) -> np.ndarray:
+    """:func:`kernel_class` of every kernel in a name column (once per distinct name)."""
+    return per_category(names, kernel_class)
