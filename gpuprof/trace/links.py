@@ -107,8 +107,9 @@ def _verified(cand: np.ndarray, ops: pd.DataFrame, ok: np.ndarray, pid: np.ndarr
     if len(ops) == 0:
         return np.zeros(len(cand), dtype=bool)
     c = np.maximum(cand, 0)
-    return ((cand >= 0) & ok & (ops["pid"].to_numpy()[c] == pid) & (ops["tid"].to_numpy()[c] == tid)
-            & (ops["ts"].to_numpy()[c] <= ts) & (ts <= ops["end"].to_numpy()[c]))
+    held: np.ndarray = ((cand >= 0) & ok & (ops["pid"].to_numpy()[c] == pid) & (ops["tid"].to_numpy()[c] == tid)
+                        & (ops["ts"].to_numpy()[c] <= ts) & (ts <= ops["end"].to_numpy()[c]))
+    return held
 
 
 def _link_launches(gpu: pd.DataFrame, runtime: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
@@ -134,10 +135,11 @@ def _link_launches(gpu: pd.DataFrame, runtime: pd.DataFrame, ops: pd.DataFrame) 
     gpu["launch_ts"] = launch_ts
     gpu["launch_tid"] = launch_tid
     names = runtime["name"].astype(object).to_numpy()
-    api: Any = np.where(ok, names[r] if has_rt else None, None)
+    api: Any = names[r] if has_rt else np.full(len(gpu), None, dtype=object)
+    api[~ok] = None
     gpu["launch_api"] = pd.Categorical(api)
     kind = runtime["kind"].astype(object).to_numpy()
-    gpu["in_graph"] = ok & (kind[r] == _GRAPH_LAUNCH if has_rt else False)
+    gpu["in_graph"] = ok & (kind[r] == _GRAPH_LAUNCH) if has_rt else np.zeros(len(gpu), dtype=bool)
     op_rows = np.arange(len(ops))
     op_ext = ops["external_id"].to_numpy()
     by_kernel = _lookup(gpu["external_id"].to_numpy(), op_ext, op_rows, -1)

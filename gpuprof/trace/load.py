@@ -393,7 +393,8 @@ def _finish(df: pd.DataFrame, bucket: str, t_origin: float) -> pd.DataFrame:
     codes = df["name"].cat.codes.to_numpy()
     if bucket == "kernels":
         df.insert(list(df.columns).index("occupancy") + 1, "is_comm", is_comm(df["name"]))
-        df.insert(list(df.columns).index("is_comm") + 1, "name_class", pd.Categorical(kernel_classes(df["name"])))
+        df.insert(list(df.columns).index("is_comm") + 1, "name_class",
+                  pd.Series(pd.Categorical(kernel_classes(df["name"])), index=df.index))
     if bucket == "memcpys":
         parsed = [_MEMCPY_NAME.match(n) for n in names]
         for i, (col, memset) in enumerate((("kind", "Memset"), ("src", "Device"), ("dst", "Device")), start=1):
