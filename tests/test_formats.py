@@ -350,3 +350,19 @@ def test_h100_and_mi300x_twins_compare(model: str) -> None:
     for cls in ("gemm", "attention", "elementwise"):
         assert hc.get(cls, 0) == mc.get(cls, 0) > 0, (cls, hc.to_dict(), mc.to_dict())
     assert (hk["op"] >= 0).all() and (mk["op"] >= 0).all()
+
+
+def test_synthetic_trace_clock_origin(tmp_path: Path) -> None:
+    """SYNTHETIC: no baseTimeNanoseconds and ts far below Unix µs (a device/monotonic clock, as in
+    some HIP traces): times still start at 0 and the origin says it is not Unix time."""
+    b = TraceBuilder(offset_us=6_869_181_218_001.4)
+    b.annotation("ProfilerStep#1", 0, 100)
+    ext = b.op("aten::add", 10, 20)
+    b.launch("elementwise_kernel", 12, 40, 5, ext)
+    doc = b.document()
+    del doc["baseTimeNanoseconds"]
+    p = tmp_path / "clock.json"
+    p.write_text(json.dumps(doc))
+    t = load_trace(p)
+    assert t.meta.time_origin == "trace-clock-us" and t.annotations["ts"].min() == 0.0
+    assert t.kernels["op"].tolist() == [0]

@@ -35,8 +35,11 @@ runtime
     call's thread whose span holds its start, -1), step.
 annotations
     name, ts, dur, end, pid, tid, on_gpu (gpu_user_annotation), device, stream, external_id.
+    torch 1.8-1.9 wrote record_function ranges as ops; PyTorch's own (ProfilerStep#N,
+    enumerate(DataLoader)#..., Optimizer.step#/zero_grad#) are moved here, as later versions file them.
 steps
-    step (the N of ProfilerStep#N, or an ordinal), name, cpu_start, cpu_end, gpu_start,
+    step (the N of ProfilerStep#N, or an ordinal), name, cpu_start, cpu_end (the window: CPU
+    time, or GPU time when ``meta.steps_source`` is "ProfilerStep (GPU)"), gpu_start,
     gpu_end, start (the step's start on the GPU timeline), end, time (µs), kernels.
 collectives
     kernel (row of ``kernels``), name, collective, dtype, in_nelems, out_nelems, group_size,
