@@ -167,13 +167,13 @@ def is_comm(names: pd.Series) -> np.ndarray:
 #: (:data:`COMM_PATTERNS`) comes first.
 KERNEL_CLASSES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("attention", re.compile(r"flash|fmha|attn|attention|sdpa|mha_")),
-    ("conv", re.compile(r"conv|wgrad|dgrad|winograd|fft2d_|igemm_(?:fwd|bwd|wrw)")),
+    ("conv", re.compile(r"conv(?!ert)|wgrad|dgrad|winograd|fft2d_|igemm_(?:fwd|bwd|wrw)")),
     ("gemm", re.compile(r"gemm|nvjet|xmma|cijk_|gemv|wmma|matmul|cublas|hipblaslt|triton_tem|bmm")),
-    ("norm", re.compile(r"norm(?!al)|bn_fw|bn_bw")),
+    ("norm", re.compile(r"norm(?!al)|bn_fw|bn_bw|gammabeta")),
     ("softmax", re.compile(r"softmax")),
     ("reduction", re.compile(r"reduce|reduction|triton_red|triton_per|argmax|argmin|topk|sort|scan")),
-    ("copy", re.compile(r"copy|memcpy|memset|fill|transpose|catarray|gather|scatter|index")),
-    ("elementwise", re.compile(r"elementwise|vectorized|unrolled|triton_poi|pointwise|tensorop|act_and_mul|"
+    ("copy", re.compile(r"copy|memcpy|memset|fill|transpose|catarray|gather|scatter|index|embedding")),
+    ("elementwise", re.compile(r"elementwise|vectorized|unrolled|triton_poi|pointwise|tensorop|act_and_mul|multi_tensor_apply|"
                                r"rotary|silu|gelu|relu")),
 )
 
