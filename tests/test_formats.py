@@ -366,3 +366,30 @@ def test_synthetic_trace_clock_origin(tmp_path: Path) -> None:
     t = load_trace(p)
     assert t.meta.time_origin == "trace-clock-us" and t.annotations["ts"].min() == 0.0
     assert t.kernels["op"].tolist() == [0]
+
+
+# --- H200 recordings of the same cases (sample_traces/h200, recorded on the project's GPU) ---------
+
+@pytest.mark.parametrize("name", ["gpt_gpu_only.json.gz", "resnet50_gpu_only.json.gz"])
+def test_h200_gpu_only_traces(name: str, tmp_path: Path) -> None:
+    """activities=[CUDA] on CUDA: runtime calls but no CPU ops; GPT and ResNet-50 differ in classes."""
+    t = load_trace(SAMPLES / name)
+    assert len(t.ops) == 0 and t.meta.cpu_events == 0 and t.meta.runtime_calls > 0
+    cls = t.kernels["name_class"].astype(str).value_counts()
+    assert cls.get("other", 0) < 0.1 * len(t.kernels)
+    assert (cls.get("conv", 0) > 100) == name.startswith("resnet")  # only the CNN has convolutions
+    doc = report_json(SAMPLES / name, tmp_path)
+    assert "input_pipeline" in {s["analyzer"] for s in doc["analyzers_skipped"]}
+
+
+def test_h200_capture_graph_and_allocator_samples() -> None:
+    capture = load_trace(SAMPLES / "tiny_graph_capture.json.gz")
+    raw = Counter(e.get("name") for e in raw_events(SAMPLES / "tiny_graph_capture.json.gz"))
+    assert capture.meta.graph_capture_calls == sum(raw[n] for n in names.GRAPH_CAPTURE_CALLS) > 0
+    replay = load_trace(SAMPLES / "mlp_graph.json.gz")
+    assert replay.meta.graph_capture_calls == 0 and replay.meta.graph_launch_calls == 3
+    assert replay.kernels.loc[replay.kernels["step"] >= 0, "in_graph"].all()
+    churn = load_trace(SAMPLES / "gpt_no_caching_allocator.json.gz").runtime
+    pooled = load_trace(SAMPLES / "gpt_aligned.json.gz").runtime
+    per_step = [(r.loc[r["step"] >= 0, "kind"].astype(str) == "malloc").sum() for r in (churn, pooled)]
+    assert per_step[0] > 100 * max(per_step[1], 1)  # PYTORCH_NO_CUDA_MEMORY_CACHING=1: cudaMalloc every op
