@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 class Analyzer:
     name: str
     run: Callable[[Analysis], list[Candidate]] | None  # None: a cross-rank analyzer (distributed.plan)
-    needs: tuple[str, ...] = ()  # "gpu", "shapes", "multi_rank", "spec", "nvml"
+    needs: tuple[str, ...] = ()  # "gpu", "cpu", "runtime", "shapes", "multi_rank", "spec", "nvml"
 
 
 #: Every analyzer, in the order they run. Add new ones here. The per-rank ones see one rank at a
@@ -52,12 +52,12 @@ REGISTRY: tuple[Analyzer, ...] = (
     Analyzer("attention_fusion", attention_fusion.run, ("gpu", "shapes", "spec")),
     Analyzer("elementwise_fusion", elementwise_fusion.run, ("gpu", "shapes", "spec")),
     Analyzer("optimizer_fusion", optimizer_fusion.run, ("gpu", "shapes", "spec")),
-    Analyzer("input_pipeline", host_gaps.input_pipeline, ("gpu",)),
-    Analyzer("host_work", host_gaps.host_work, ("gpu",)),
-    Analyzer("host_stall", host_gaps.host_stall, ("gpu",)),
-    Analyzer("allocator_churn", allocator.run, ("gpu",)),
-    Analyzer("host_sync", host_gaps.host_sync, ("gpu",)),
-    Analyzer("launch_overhead", host_gaps.launch_overhead, ("gpu",)),
+    Analyzer("input_pipeline", host_gaps.input_pipeline, ("gpu", "cpu")),
+    Analyzer("host_work", host_gaps.host_work, ("gpu", "cpu")),
+    Analyzer("host_stall", host_gaps.host_stall, ("gpu", "cpu")),
+    Analyzer("allocator_churn", allocator.run, ("gpu", "runtime")),
+    Analyzer("host_sync", host_gaps.host_sync, ("gpu", "runtime")),
+    Analyzer("launch_overhead", host_gaps.launch_overhead, ("gpu", "runtime")),
     Analyzer("pageable_memcpy", transfers.pageable_memcpy, ("gpu",)),
     Analyzer("memory_bound_decode", transfers.memory_bound_decode, ("gpu", "shapes", "spec")),
     Analyzer("exposed_communication", None, ("gpu",)),
@@ -70,6 +70,10 @@ REGISTRY: tuple[Analyzer, ...] = (
 def _unmet(parts: Sequence[RankPart], spec: GpuSpec | None, needs: tuple[str, ...]) -> str | None:
     if "gpu" in needs and not any(p.has_gpu for p in parts):
         return "the trace has no GPU events"
+    if "cpu" in needs and not any(p.meta.cpu_events for p in parts):
+        return "the trace has no CPU ops (a GPU-only trace: profile with activities=[CPU, CUDA])"
+    if "runtime" in needs and not any(p.meta.runtime_calls for p in parts):
+        return "the trace has no CUDA/HIP runtime calls, so no launch or sync times"
     if "shapes" in needs and not any(p.meta.record_shapes for p in parts):
         return "the trace has no input shapes (record_shapes=False)"
     if "multi_rank" in needs and len(parts) < 2:

@@ -33,6 +33,7 @@ import pandas as pd
 
 from gpuprof.findings import Finding
 from gpuprof.ranks import event_cost_us
+from gpuprof.trace.names import SYNC_CALLS as SYNC_CALLS  # the one table (ROCm too); analyzers import it from here
 
 if TYPE_CHECKING:
     from gpuprof.api import Analysis, RankResult
@@ -189,10 +190,6 @@ def gaps(r: RankResult) -> pd.DataFrame:
     })
 
 
-SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
-              "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2",
-              "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize", "hipCtxSynchronize",
-              "hipMemcpy", "hipMemcpyWithStream", "hipMemcpyDtoH")
 #: Device-memory allocator calls. With PyTorch's caching allocator they happen only while its pool
 #: grows; in every step they mean the cache is off (``PYTORCH_NO_CUDA_MEMORY_CACHING``), emptied
 #: (``empty_cache()``) or fragmented. ``cudaFree``/``hipFree`` also synchronise the device.

@@ -43,7 +43,7 @@ import pyarrow as pa
 import gpuprof
 from gpuprof.trace.model import RankTrace, TraceMeta
 
-FORMAT = 3
+FORMAT = 5  # 5: runtime kind/op, kernels in_graph/name_class, meta graph counts (issue 10), python frames
 FRAMES = ("kernels", "memcpys", "ops", "runtime", "annotations", "steps", "collectives", "python")
 MARKER = "CACHEDIR.TAG"
 _MARKER_TEXT = ("Signature: 8a477f597d28d172789f06886806bc55\n"

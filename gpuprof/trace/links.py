@@ -12,8 +12,11 @@ import numpy as np
 import pandas as pd
 
 from gpuprof.trace.model import RankTrace, TraceMeta
+from gpuprof.trace.names import call_kinds
 
 _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+#: Launch calls of this kind replay a graph: the kernels carrying their correlation ran in it.
+_GRAPH_LAUNCH = "graph_launch"
 _OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#")
 
 
@@ -69,50 +72,130 @@ def _lookup(keys: np.ndarray, table_keys: np.ndarray, values: np.ndarray, missin
     return out
 
 
+def enclosing_op(ops: pd.DataFrame, parent: np.ndarray, pid: np.ndarray, tid: np.ndarray,
+                 ts: np.ndarray) -> np.ndarray:
+    """Row of the innermost op on thread (``pid``, ``tid``) whose span holds time ``ts`` (start and
+    end included), else -1, for each query. ``parent`` is :func:`nest`'s parent of each op.
+
+    The latest op to start at or before ``ts`` is the innermost candidate (at equal starts the
+    shorter one sorts later, as in :func:`nest`); where it has already ended, its ancestors are
+    tried, one nesting level per pass.
+    """
+    out = np.full(len(ts), -1, dtype=np.int64)
+    if len(ops) == 0 or len(ts) == 0:
+        return out
+    o_pid, o_tid = ops["pid"].to_numpy(), ops["tid"].to_numpy()
+    o_ts, o_end, o_dur = ops["ts"].to_numpy(), ops["end"].to_numpy(), ops["dur"].to_numpy()
+    order = np.lexsort((-o_dur, o_ts, o_tid, o_pid))
+    starts = np.flatnonzero(np.r_[True, (np.diff(o_pid[order]) != 0) | (np.diff(o_tid[order]) != 0)])
+    bounds = np.r_[starts, len(order)]
+    threads = pd.MultiIndex.from_arrays([o_pid[order][starts], o_tid[order][starts]])
+    q_thread = threads.get_indexer(pd.MultiIndex.from_arrays([pid, tid]))
+    for i in np.unique(q_thread[q_thread >= 0]):
+        q = np.flatnonzero(q_thread == i)
+        lo, hi = bounds[i], bounds[i + 1]
+        k = np.searchsorted(o_ts[order[lo:hi]], ts[q], side="right") - 1
+        out[q] = np.where(k >= 0, order[lo + np.maximum(k, 0)], -1)
+    open_ = (out >= 0) & np.isfinite(ts)
+    pending = np.flatnonzero(open_ & (o_end[np.maximum(out, 0)] < ts))
+    while len(pending):  # one pass per nesting level
+        out[pending] = parent[out[pending]]
+        pending = pending[(out[pending] >= 0) & (o_end[np.maximum(out[pending], 0)] < ts[pending])]
+    out[~np.isfinite(ts)] = -1
+    return out
+
+
+def _verified(cand: np.ndarray, ops: pd.DataFrame, ok: np.ndarray, pid: np.ndarray, tid: np.ndarray,
+              ts: np.ndarray) -> np.ndarray:
+    """Whether each candidate op row holds its launch call: same thread, call inside its span."""
+    if len(ops) == 0:
+        return np.zeros(len(cand), dtype=bool)
+    c = np.maximum(cand, 0)
+    held: np.ndarray = ((cand >= 0) & ok & (ops["pid"].to_numpy()[c] == pid) & (ops["tid"].to_numpy()[c] == tid)
+                        & (ops["ts"].to_numpy()[c] <= ts) & (ts <= ops["end"].to_numpy()[c]))
+    return held
+
+
 def _link_launches(gpu: pd.DataFrame, runtime: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
+    """Kernel (or copy) → launch call by correlation → op.
+
+    The op is the one whose External id the kernel (else its launch call) carries, provided the
+    launch call lies inside that op's span on the op's own thread; otherwise the innermost op
+    around the call (``runtime["op"]``). torch ~2.0-2.3 wrote each kernel's correlation id as its
+    External id, which names some unrelated op: the check keeps such ids from linking. A kernel
+    with no launch call in the trace (launched before the profiler started) keeps its External id
+    link unless that id merely repeats its correlation.
+    """
     corr = gpu["correlation"].to_numpy()
     rt_corr = runtime["correlation"].to_numpy()
     rows = np.arange(len(runtime))
-    rt_row = _lookup(corr, rt_corr, rows, -1)
+    rt_row = _lookup(corr, rt_corr, rows, -1).astype(np.int64)
     ok = rt_row >= 0
-    gpu["launch_ts"] = np.where(ok, runtime["ts"].to_numpy()[np.maximum(rt_row, 0)] if len(runtime) else np.nan, np.nan)
-    gpu["launch_tid"] = np.where(ok, runtime["tid"].to_numpy()[np.maximum(rt_row, 0)] if len(runtime) else -1, -1)
+    r = np.maximum(rt_row, 0)
+    has_rt = len(runtime) > 0
+    launch_ts = np.where(ok, runtime["ts"].to_numpy()[r] if has_rt else np.nan, np.nan)
+    launch_pid = np.where(ok, runtime["pid"].to_numpy()[r] if has_rt else -1, -1)
+    launch_tid = np.where(ok, runtime["tid"].to_numpy()[r] if has_rt else -1, -1)
+    gpu["launch_ts"] = launch_ts
+    gpu["launch_tid"] = launch_tid
     names = runtime["name"].astype(object).to_numpy()
-    api: Any = np.where(ok, names[np.maximum(rt_row, 0)] if len(runtime) else None, None)
+    api: Any = names[r] if has_rt else np.full(len(gpu), None, dtype=object)
+    api[~ok] = None
     gpu["launch_api"] = pd.Categorical(api)
-    # The launching op: the kernel's own External id, else the launch call's.
+    kind = runtime["kind"].astype(object).to_numpy()
+    gpu["in_graph"] = ok & (kind[r] == _GRAPH_LAUNCH) if has_rt else np.zeros(len(gpu), dtype=bool)
     op_rows = np.arange(len(ops))
     op_ext = ops["external_id"].to_numpy()
-    op = _lookup(gpu["external_id"].to_numpy(), op_ext, op_rows, -1)
-    rt_ext = np.where(ok, runtime["external_id"].to_numpy()[np.maximum(rt_row, 0)] if len(runtime) else -1, -1)
-    op = np.where(op >= 0, op, _lookup(rt_ext, op_ext, op_rows, -1))
-    gpu["op"] = op
+    by_kernel = _lookup(gpu["external_id"].to_numpy(), op_ext, op_rows, -1)
+    rt_ext = np.where(ok, runtime["external_id"].to_numpy()[r] if has_rt else -1, -1)
+    by_call = _lookup(rt_ext, op_ext, op_rows, -1)
+    around = np.where(ok, runtime["op"].to_numpy()[r] if has_rt else -1, -1)
+    op = np.where(_verified(by_kernel, ops, ok, launch_pid, launch_tid, launch_ts), by_kernel,
+                  np.where(_verified(by_call, ops, ok, launch_pid, launch_tid, launch_ts), by_call, around))
+    unlaunched = ~ok & (by_kernel >= 0) & (gpu["external_id"].to_numpy() != corr)
+    gpu["op"] = np.where(unlaunched, by_kernel, op)
     return gpu
 
 
-def _step_windows(annotations: pd.DataFrame, ops: pd.DataFrame, runtime: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    cpu = annotations[~annotations["on_gpu"]] if len(annotations) else annotations
-    names = cpu["name"].astype(str) if len(cpu) else pd.Series([], dtype=str)
+def _profiler_steps(ann: pd.DataFrame) -> pd.DataFrame | None:
+    names = ann["name"].astype(str) if len(ann) else pd.Series([], dtype=str)
     m = names.str.extract(_PROFILER_STEP.pattern, expand=False)
-    if len(cpu) and m.notna().any():
-        sel = cpu[m.notna()]
-        digits = m[m.notna()]
-        if digits.str.len().max() <= 18:
-            number = digits.astype(np.int64).to_numpy()
-        else:  # ProfilerStep#<40 digits>: not an int64; the steps are numbered in order instead
-            number = pd.Series(sel["ts"].to_numpy()).rank(method="first").astype(np.int64).to_numpy() - 1
-        steps = pd.DataFrame({"step": number, "name": sel["name"].astype(str).to_numpy(),
-                              "cpu_start": sel["ts"].to_numpy(), "cpu_end": sel["end"].to_numpy()})
-        return steps.sort_values("cpu_start").drop_duplicates("step").reset_index(drop=True), "ProfilerStep"
-    opt = names.str.contains(_OPTIMIZER_STEP.pattern) if len(cpu) else pd.Series([], dtype=bool)
-    starts = [f["ts"].min() for f in (ops, runtime, annotations) if len(f)]
+    if not (len(ann) and m.notna().any()):
+        return None
+    sel = ann[m.notna()]
+    digits = m[m.notna()]
+    if digits.str.len().max() <= 18:
+        number = digits.astype(np.int64).to_numpy()
+    else:  # ProfilerStep#<40 digits>: not an int64; the steps are numbered in order instead
+        number = pd.Series(sel["ts"].to_numpy()).rank(method="first").astype(np.int64).to_numpy() - 1
+    steps = pd.DataFrame({"step": number, "name": sel["name"].astype(str).to_numpy(),
+                          "cpu_start": sel["ts"].to_numpy(), "cpu_end": sel["end"].to_numpy()})
+    return steps.sort_values("cpu_start").drop_duplicates("step").reset_index(drop=True)
+
+
+def _step_windows(annotations: pd.DataFrame, frames: tuple[pd.DataFrame, ...]) -> tuple[pd.DataFrame, str]:
+    """Step windows and where they came from: CPU ``ProfilerStep#N`` spans; else the GPU's
+    ``ProfilerStep#N`` annotations (a GPU-only trace: the windows are then on the GPU timeline);
+    else one step per ``Optimizer.step``; else the whole trace (its first to last event)."""
+    on_gpu = annotations["on_gpu"].to_numpy(dtype=bool) if len(annotations) else np.zeros(0, dtype=bool)
+    cpu = annotations[~on_gpu]
+    steps = _profiler_steps(cpu)
+    if steps is not None:
+        return steps, "ProfilerStep"
+    starts = [f["ts"].min() for f in frames if len(f)]
     t_first = float(min(starts)) if starts else 0.0
+    names = cpu["name"].astype(str) if len(cpu) else pd.Series([], dtype=str)
+    opt = names.str.contains(_OPTIMIZER_STEP.pattern) if len(cpu) else pd.Series([], dtype=bool)
     if len(cpu) and opt.any():
         ends = np.sort(cpu[opt]["end"].to_numpy())
         begins = np.r_[t_first, ends[:-1]]
         return pd.DataFrame({"step": np.arange(len(ends)), "name": [f"optimizer step {i}" for i in range(len(ends))],
                              "cpu_start": begins, "cpu_end": ends}), "optimizer"
-    ends_all = [f["end"].max() for f in (ops, runtime, annotations) if len(f)]
+    if not len(cpu):
+        steps = _profiler_steps(annotations[on_gpu])
+        if steps is not None:
+            return steps, "ProfilerStep (GPU)"
+    ends_all = [f["end"].max() for f in frames if len(f)]
     t_last = float(max(ends_all)) if ends_all else t_first
     return pd.DataFrame({"step": [0], "name": ["whole trace"], "cpu_start": [t_first], "cpu_end": [t_last]}), "whole trace"
 
@@ -158,15 +241,19 @@ def attach_links(kernels: pd.DataFrame, memcpys: pd.DataFrame, ops: pd.DataFrame
                  annotations: pd.DataFrame, meta_kwargs: dict[str, Any], warnings: list[str]) -> RankTrace:
     depth, parent = nest(ops)
     ops["depth"], ops["parent"] = depth, parent
+    runtime["kind"] = pd.Categorical(call_kinds(runtime["name"]))
+    runtime["op"] = enclosing_op(ops, parent, runtime["pid"].to_numpy(), runtime["tid"].to_numpy(),
+                                 runtime["ts"].to_numpy())
     kernels = _link_launches(kernels, runtime, ops)
     memcpys = _link_launches(memcpys, runtime, ops)
-    steps, source = _step_windows(annotations, ops, runtime)
+    steps, source = _step_windows(annotations, (ops, runtime, annotations, kernels, memcpys))
     if source == "whole trace":
         warnings.append("no ProfilerStep or optimizer-step annotations: the whole trace is analysed as one step")
     for frame, col in ((ops, "ts"), (runtime, "ts")):
         frame["step"] = _assign(frame[col].to_numpy(), steps)
     for frame in (kernels, memcpys):
-        frame["step"] = _assign(frame["launch_ts"].to_numpy(), steps)
+        # GPU-annotation windows hold the GPU work itself; CPU windows hold its launch calls.
+        frame["step"] = _assign(frame["ts" if source == "ProfilerStep (GPU)" else "launch_ts"].to_numpy(), steps)
         if source == "whole trace":
             frame["step"] = 0
     steps = _gpu_times(steps, kernels, memcpys)
@@ -178,6 +265,11 @@ def attach_links(kernels: pd.DataFrame, memcpys: pd.DataFrame, ops: pd.DataFrame
         "group_size": comm["group_size"].to_numpy(), "process_group": comm["process_group"].astype(object).to_numpy(),
         "ts": comm["ts"].to_numpy(), "dur": comm["dur"].to_numpy(), "step": comm["step"].to_numpy(),
     })
-    meta = TraceMeta(steps_source=source, warnings=tuple(warnings), **meta_kwargs)
+    kinds = runtime["kind"].astype(object).to_numpy()
+    meta = TraceMeta(steps_source=source, warnings=tuple(warnings),
+                     graph_capture_calls=int((kinds == "graph_capture").sum()),
+                     graph_launch_calls=int((kinds == _GRAPH_LAUNCH).sum()),
+                     cpu_events=len(ops) + int((~annotations["on_gpu"].to_numpy(dtype=bool)).sum()),
+                     runtime_calls=len(runtime), **meta_kwargs)
     return RankTrace(meta=meta, kernels=kernels, memcpys=memcpys, ops=ops, runtime=runtime,
                      annotations=annotations, steps=steps, collectives=collectives)

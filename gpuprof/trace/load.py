@@ -26,12 +26,14 @@ from gpuprof.errors import TraceError
 from gpuprof.files import read_file
 from gpuprof.trace.links import attach_links
 from gpuprof.trace.model import RankTrace
+from gpuprof.trace.names import is_comm, kernel_classes
 
 _NO_RAW = msgspec.Raw(b"")
 
 
 class _Args(msgspec.Struct, omit_defaults=True):
     external_id: Any = msgspec.field(default=None, name="External id")
+    external_id_lc: Any = msgspec.field(default=None, name="external id")  # GPU/runtime events, torch <= 1.9
     correlation: Any = None
     stream: Any = None
     device: Any = None
@@ -42,6 +44,7 @@ class _Args(msgspec.Struct, omit_defaults=True):
     occupancy: Any = msgspec.field(default=None, name="est. achieved occupancy %")
     # Shapes stay raw JSON text until an analysis needs them: most ops' shapes are never read.
     input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
+    input_dims_lc: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input dims")  # torch 1.8
     input_type: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
     input_strides: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Strides")
     concrete_inputs: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Concrete Inputs")
@@ -73,6 +76,7 @@ class _TraceFile(msgspec.Struct):
     traceEvents: list[msgspec.Raw] | None = None  # each event's JSON, decoded a chunk at a time
     schemaVersion: Any = None
     deviceProperties: Any = None
+    computeProperties: Any = None  # early-2021 Kineto's name for deviceProperties
     distributedInfo: Any = None
     baseTimeNanoseconds: Any = None
     traceName: Any = None
@@ -87,7 +91,6 @@ _NAME = operator.attrgetter("name")
 #: holds the file, one small object per event and the columns built so far, not every event decoded.
 CHUNK_EVENTS = 8_192
 _RANK_IN_NAME = re.compile(r"(?:rank|_r|-r)[_-]?(\d+)", re.IGNORECASE)
-_COMM_KERNEL = re.compile(r"nccl|rccl|cross_device_reduce|all_?reduce|all_?gather|reduce_?scatter|sendrecv", re.IGNORECASE)
 _FLOAT_INT = 2 ** 1023  # integers at or beyond this do not convert to a float
 #: No profiler records a time this far from its origin, or a span this long: µs (about 3,000
 #: years, and 11.5 days). Numbers beyond are damage, not times, and would poison every sum.
@@ -95,6 +98,14 @@ MAX_ABS_TS_US = 1e17
 MAX_DUR_US = 1e12
 #: Characters of an event name kept (names beyond are cut; see ``_bound_names``).
 MAX_NAME = 8192
+
+#: PyTorch's own record_function ranges. Since torch 1.10 Kineto files them as user_annotation;
+#: torch 1.8-1.9 wrote them as Operator events like any op, so they are moved to the annotations
+#: there (steps, DataLoader and optimizer spans are read from the annotations).
+_RECORD_FUNCTIONS = ("ProfilerStep#", "enumerate(DataLoader)#", "Optimizer.step#", "Optimizer.zero_grad#")
+#: ts above this (µs) is Unix time (after 2001-09-09); below it, a trace's own clock (ROCm's
+#: monotonic clock in some HIP traces), which lines up with other ranks of one host only.
+_EPOCH_US = 1e15
 _MEMCPY_NAME = re.compile(r"^Memcpy (\w+) \((\w+) -> (\w+)\)")
 
 
@@ -207,6 +218,24 @@ def _finite(v: Any) -> float:
     return np.nan
 
 
+def _ids(values: list[Any]) -> np.ndarray:
+    """Integer ids (pid, tid) that may be written as numbers or, in torch <= 1.9 traces, as strings
+    of digits (``"tid": "4093687616"``); other strings (``"stream 7"``, ``"Traces"``) become -1."""
+    a = _num(values)
+    if len(a) and np.isnan(a).any() and any(type(v) is str for v in values):
+        a = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(dtype=np.float64)
+    ok = np.isfinite(a) & (a == np.floor(a))
+    return np.where(ok, a, -1.0).astype(np.int64)
+
+
+def _ext(a: list[_Args]) -> np.ndarray:
+    """The "External id" of each event, or its lower-case spelling (GPU and runtime events, torch <= 1.9)."""
+    ext = _num(_col(a, "external_id"), "int64")
+    if (ext < 0).any():
+        ext = np.where(ext >= 0, ext, _num(_col(a, "external_id_lc"), "int64"))
+    return ext
+
+
 def parse_arg(text: bytes | str | None) -> Any:
     """Parse an op argument column value (``input_dims``, ``concrete_inputs``, ...) to Python."""
     if text is None:
@@ -312,12 +341,12 @@ def _kernel_cols(evs: list[_Event], names: dict[str, int]) -> dict[str, Any]:
 
 def _gpu_cols(evs: list[_Event], a: list[_Args]) -> dict[str, Any]:
     device = _num(_col(a, "device"), "int64")
-    pid = _num(_col(evs, "pid"), "int64")
+    pid = _ids(_col(evs, "pid"))
     return {
         "device": np.where(device >= 0, device, pid),  # GPU events on pid = device when args lack it (older traces)
         "stream": _num(_col(a, "stream"), "int64"),
         "correlation": _num(_col(a, "correlation"), "int64"),
-        "external_id": _num(_col(a, "external_id"), "int64"),
+        "external_id": _ext(a),
     }
 
 
@@ -332,14 +361,17 @@ def _memcpy_cols(evs: list[_Event], names: dict[str, int]) -> dict[str, Any]:
 def _op_cols(evs: list[_Event], names: dict[str, int], seen: dict[bytes, bytes | None]) -> dict[str, Any]:
     a = _args(evs)
     cols = _base(evs, names)
-    cols["pid"] = _num(_col(evs, "pid"), "int64")
-    cols["tid"] = _num(_col(evs, "tid"), "int64")
-    cols["external_id"] = _num(_col(a, "external_id"), "int64")
+    cols["pid"] = _ids(_col(evs, "pid"))
+    cols["tid"] = _ids(_col(evs, "tid"))
+    cols["external_id"] = _ext(a)
     cols["sequence_number"] = _num(_col(a, "sequence_number"), "int64")
     cols["fwd_thread_id"] = _num(_col(a, "fwd_thread_id"), "int64")
     for col, field in (("input_dims", "input_dims"), ("input_types", "input_type"),
                        ("input_strides", "input_strides"), ("concrete_inputs", "concrete_inputs")):
         cols[col] = _raws(list(map(operator.attrgetter(field), a)), seen)
+    legacy_dims = list(map(operator.attrgetter("input_dims_lc"), a))
+    if any(map(len, legacy_dims)):  # torch 1.8 wrote "Input dims"
+        cols["input_dims"] = [d if d is not None else l for d, l in zip(cols["input_dims"], _raws(legacy_dims, seen))]
     return cols
 
 
@@ -347,22 +379,22 @@ def _runtime_cols(evs: list[_Event], names: dict[str, int]) -> dict[str, Any]:
     a = _args(evs)
     cols = _base(evs, names)
     cols["api"] = ["driver" if e.cat == "cuda_driver" else "runtime" for e in evs]
-    cols["pid"] = _num(_col(evs, "pid"), "int64")
-    cols["tid"] = _num(_col(evs, "tid"), "int64")
+    cols["pid"] = _ids(_col(evs, "pid"))
+    cols["tid"] = _ids(_col(evs, "tid"))
     cols["correlation"] = _num(_col(a, "correlation"), "int64")
-    cols["external_id"] = _num(_col(a, "external_id"), "int64")
+    cols["external_id"] = _ext(a)
     return cols
 
 
 def _annotation_cols(evs: list[_Event], names: dict[str, int]) -> dict[str, Any]:
     a = _args(evs)
     cols = _base(evs, names)
-    cols["pid"] = _num(_col(evs, "pid"), "int64")
-    cols["tid"] = _num(_col(evs, "tid"), "int64")
+    cols["pid"] = _ids(_col(evs, "pid"))
+    cols["tid"] = _ids(_col(evs, "tid"))
     cols["on_gpu"] = np.array([e.cat == "gpu_user_annotation" for e in evs], dtype=bool)
     cols["device"] = _num(_col(a, "device"), "int64")
     cols["stream"] = _num(_col(a, "stream"), "int64")
-    cols["external_id"] = _num(_col(a, "external_id"), "int64")
+    cols["external_id"] = _ext(a)
     return cols
 
 
@@ -404,9 +436,9 @@ def _finish(df: pd.DataFrame, bucket: str, t_origin: float) -> pd.DataFrame:
     names: list[str] = list(df["name"].cat.categories)
     codes = df["name"].cat.codes.to_numpy()
     if bucket == "kernels":
-        comm = np.fromiter((bool(_COMM_KERNEL.search(n)) for n in names), dtype=bool, count=len(names))
-        df.insert(list(df.columns).index("occupancy") + 1, "is_comm",
-                  comm[codes] if len(names) else np.zeros(len(df), dtype=bool))
+        df.insert(list(df.columns).index("occupancy") + 1, "is_comm", is_comm(df["name"]))
+        df.insert(list(df.columns).index("is_comm") + 1, "name_class",
+                  pd.Series(pd.Categorical(kernel_classes(df["name"])), index=df.index))
     if bucket == "memcpys":
         parsed = [_MEMCPY_NAME.match(n) for n in names]
         for i, (col, memset) in enumerate((("kind", "Memset"), ("src", "Device"), ("dst", "Device")), start=1):
@@ -420,7 +452,13 @@ _BUILDERS: dict[str, Any] = {"kernels": _kernel_cols, "memcpys": _memcpy_cols, "
                              "annotations": _annotation_cols, "python": _python_cols}
 
 
+#: Kineto's event categories, lower case since torch 1.10 and capitalised in 1.8-1.9.
 _BUCKETS = {
+    "Kernel": "kernels",
+    "Memcpy": "memcpys",
+    "Memset": "memcpys",
+    "Operator": "ops",
+    "Runtime": "runtime",
     "kernel": "kernels",
     "gpu_memcpy": "memcpys",
     "gpu_memset": "memcpys",
@@ -505,6 +543,8 @@ def _load(p: Path, fallback_rank: int, source: list[bytes] | None = None) -> Ran
         for e in evs:
             if e.ph == "X":
                 b = get(e.cat) if e.cat.__class__ is str else None
+                if b == "ops" and e.name.__class__ is str and e.name.startswith(_RECORD_FUNCTIONS):
+                    b = "annotations"
                 if b is not None:
                     buckets[b].append(e)
         for b, bevs in buckets.items():
@@ -532,7 +572,8 @@ def _load(p: Path, fallback_rank: int, source: list[bytes] | None = None) -> Ran
     if base_ns is not None:
         t0_epoch_ns, origin = base_ns + int(round(first_ts * 1000.0)), "baseTimeNanoseconds"
     else:
-        t0_epoch_ns, origin = int(round(first_ts * 1000.0)), "absolute-us"
+        t0_epoch_ns = int(round(first_ts * 1000.0))
+        origin = "absolute-us" if first_ts >= _EPOCH_US else "trace-clock-us"
 
     cut = sum(_bound_names(names[b], p) for b in names)
     kernels = _frame(chunks["kernels"], "kernels", first_ts, names["kernels"])
@@ -548,18 +589,28 @@ def _load(p: Path, fallback_rank: int, source: list[bytes] | None = None) -> Ran
                         "(each keeps a digest of the whole name, so distinct names stay distinct)")
     if len(kernels) + len(memcpys) == 0:
         warnings.append("no GPU events (kernels or memcpys): GPU analyses are skipped; was CUDA activity profiled?")
-    has_shapes = bool(ops["input_dims"].notna().any()) if len(ops) else False
-    if len(ops) and not has_shapes:
+    has_dims = bool(ops["input_dims"].notna().any()) if len(ops) else False
+    types = ops["input_types"] if len(ops) else pd.Series([], dtype=object)
+    has_types = bool((types.notna() & (types != b"[]")).any())
+    has_shapes = has_dims and has_types
+    if len(ops) and not has_dims:
         warnings.append("no Input Dims (record_shapes=False): FLOP/byte models and shape findings are unavailable")
+    elif len(ops) and not has_types:
+        warnings.append("Input Dims without Input type (torch <= 1.9 traces): FLOP/byte models and shape "
+                        "findings are unavailable")
+    if len(ops) == 0 and len(kernels) + len(memcpys) > 0:
+        warnings.append("no CPU ops (a GPU-only trace, activities=[CUDA]): no shapes, so kernels have no roofline "
+                        "class (time by kernel name, communication, copies and idle are reported); host-side "
+                        "analyses that read CPU ops are skipped")
     rank, world = _rank_of(doc, p, fallback_rank)
-    props = doc.deviceProperties if isinstance(doc.deviceProperties, list) else []
+    props = next((d for d in (doc.deviceProperties, doc.computeProperties) if isinstance(d, list)), [])
     meta_kwargs = dict(
         path=str(p), rank=rank, world_size=world,
         device_properties=[d for d in props if isinstance(d, dict)],
         distributed_info=doc.distributedInfo if isinstance(doc.distributedInfo, dict) else None,
         t0_epoch_ns=t0_epoch_ns, time_origin=origin, schema_version=doc.schemaVersion,
         trace_name=doc.traceName if isinstance(doc.traceName, str) else None,
-        record_shapes=bool(doc.record_shapes) or has_shapes, with_stack=bool(doc.with_stack),
+        record_shapes=(bool(doc.record_shapes) and has_dims) or has_shapes, with_stack=bool(doc.with_stack),
         events=n_events,
     )
     trace = attach_links(kernels, memcpys, ops, runtime, annotations, meta_kwargs, warnings)
