@@ -189,8 +189,14 @@ def _step_windows(annotations: pd.DataFrame, frames: tuple[pd.DataFrame, ...]) -
     if len(cpu) and opt.any():
         ends = np.sort(cpu[opt]["end"].to_numpy())
         begins = np.r_[t_first, ends[:-1]]
-        return pd.DataFrame({"step": np.arange(len(ends)), "name": [f"optimizer step {i}" for i in range(len(ends))],
-                             "cpu_start": begins, "cpu_end": ends}), "optimizer"
+        steps = pd.DataFrame({"step": np.arange(len(ends)), "name": [f"optimizer step {i}" for i in range(len(ends))],
+                              "cpu_start": begins, "cpu_end": ends})
+        # The first window runs from the trace's first event, not from a step's end: it holds what
+        # ran before the loop (set-up, cuDNN autotuning, first allocations), not one step. With
+        # enough complete windows (between consecutive optimizer steps) it is left out.
+        if len(steps) >= FIRST_WINDOW_DROPPED_FROM:
+            steps = steps.iloc[1:].reset_index(drop=True)
+        return steps, "optimizer"
     if not len(cpu):
         steps = _profiler_steps(annotations[on_gpu])
         if steps is not None:
@@ -198,6 +204,10 @@ def _step_windows(annotations: pd.DataFrame, frames: tuple[pd.DataFrame, ...]) -
     ends_all = [f["end"].max() for f in frames if len(f)]
     t_last = float(max(ends_all)) if ends_all else t_first
     return pd.DataFrame({"step": [0], "name": ["whole trace"], "cpu_start": [t_first], "cpu_end": [t_last]}), "whole trace"
+
+
+#: Optimizer-step windows needed before the first (open-ended) one is left out of the analysis.
+FIRST_WINDOW_DROPPED_FROM = 3
 
 
 def _assign(times: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
@@ -249,6 +259,9 @@ def attach_links(kernels: pd.DataFrame, memcpys: pd.DataFrame, ops: pd.DataFrame
     steps, source = _step_windows(annotations, (ops, runtime, annotations, kernels, memcpys))
     if source == "whole trace":
         warnings.append("no ProfilerStep or optimizer-step annotations: the whole trace is analysed as one step")
+    elif source == "optimizer" and len(steps) >= FIRST_WINDOW_DROPPED_FROM - 1:
+        warnings.append("steps are the windows between optimizer steps (no ProfilerStep annotations); the one "
+                        "before the first optimizer step (set-up, warm-up) is left out")
     for frame, col in ((ops, "ts"), (runtime, "ts")):
         frame["step"] = _assign(frame[col].to_numpy(), steps)
     for frame in (kernels, memcpys):
