@@ -189,9 +189,9 @@ def test_python_frames_name_host_work(tmp_path: Path) -> None:
     assert f.evidence["stretches"][0]["python_frames"] == ["data.py(12): tokenize", "train.py(40): main"]
 
 
-def _depth(name: str) -> gpuprof.Analysis:
+def _depth(name: str, real_step: bool = True) -> gpuprof.Analysis:
     import json
-    step = json.loads((SAMPLES / "timings" / f"{name}.json").read_text())["step_ms"]
+    step = json.loads((SAMPLES / "timings" / f"{name}.json").read_text())["step_ms"] if real_step else None
     return gpuprof.analyze(SAMPLES / f"{name}.json.gz", step_ms=step)
 
 
@@ -237,7 +237,10 @@ def test_depth_sync_call_site_and_capture() -> None:
     no CUDA-graph advice."""
     s = _depth("gpt_host_sync_stack").findings[0]
     assert s.category == "host_sync" and "gpt.py(" in s.title
-    cap = [f for f in _depth("tiny_graph_capture").findings if f.category == "launch_overhead"]
+    # Its timing is of the steady-state replays, not of the warm-up and capture the trace holds:
+    # gpuprof refuses it as a step time (below the traced kernels), so none is given here.
+    a = _depth("tiny_graph_capture", real_step=False)
+    cap = [f for f in (*a.findings, *a.notes) if f.category == "launch_overhead"]
     assert [f.id for f in cap] == ["GP-LAUNCH-002"]
     for f in _depth("llama_generate_b1_static").findings:
         assert "reduce-overhead" not in f.recommendation
