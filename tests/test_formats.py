@@ -127,11 +127,14 @@ def test_torch18_19_profiler_api_traces(rel: str) -> None:
 
 
 def test_legacy_autograd_profiler_trace_steps_by_optimizer() -> None:
-    """tb/ag0: torch.autograd.profiler, no ProfilerStep: six Optimizer.step spans give six steps."""
+    """tb/ag0: torch.autograd.profiler, no ProfilerStep: six Optimizer.step spans give five steps
+    between them (the open-ended window before the first, 4.5 s of set-up and cuDNN autotuning,
+    is left out and said so)."""
     p = public("tb/ag0.pt.trace.json.gz")
     n_opt = sum(1 for e in raw_events(p) if e.get("name") == "Optimizer.step#SGD.step")
     t = load_trace(p)
-    assert t.meta.steps_source == "optimizer" and len(t.steps) == n_opt == 6
+    assert t.meta.steps_source == "optimizer" and n_opt == 6 and len(t.steps) == n_opt - 1
+    assert any("left out" in w for w in t.meta.warnings)
     assert (t.steps["kernels"] > 1000).all()
     assert any("Input type" in w for w in t.meta.warnings) and not t.meta.record_shapes
 

@@ -44,13 +44,13 @@ def test_allocator_churn_on_mi300_no_pool_ddp() -> None:
 
 
 def test_one_off_pool_growth_is_a_stall_not_churn() -> None:
-    """Two structurally different real traces whose allocator calls do not recur in every step
-    (PARAM linear on an RTX 2080 Ti, a warm-up cudaFree) and one whose host blocks in one copy
-    (SGLang decode on MI300X, a 463 ms hipMemcpyWithStream): each is a named host stall."""
+    """Allocator calls that do not recur in every step are not churn (PARAM linear on an RTX 2080
+    Ti: its one 995 ms warm-up cudaFree lies before the first optimizer step, in the window that is
+    left out as set-up); a host that blocks in one copy (SGLang decode on MI300X, a 463 ms
+    hipMemcpyWithStream) is a named host stall."""
     lin = gpuprof.analyze(public("param/linear_kineto.json.gz"))
     assert "allocator_churn" not in cats(lin)
-    stall = next(f for f in lin.findings if f.category == "host_stall")
-    assert "cudaFree" in stall.title and stall.evidence["stalls"][0]["ms"] > 500
+    assert not any(f.category == "host_stall" and "cudaFree" in f.title for f in lin.findings)
     sg = gpuprof.analyze(public("tracelens/inference__sglang_decode__sglang_Qwen3-8B_decode.json.gz"))
     f = sg.findings[0]
     assert f.category == "host_stall" and "hipMemcpyWithStream" in f.title and "aten::copy_" in f.title
