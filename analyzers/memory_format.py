@@ -99,7 +99,7 @@ def nchw_savings(v: RankView, ratios: Ratios | None = None) -> tuple[pd.DataFram
     elif ratios and len(slow):
         bn = per_name(slow["name"], lambda n: bool(BATCH_NORM.search(n)), dtype=bool)
         sizes = per_shape(v.trace.ops, slow["op"].unique(), _numel)
-        elems = np.array([sizes.get(int(o), np.nan) if o >= 0 else np.nan for o in slow["op"]], dtype=float)
+        elems = sizes.reindex(slow["op"].to_numpy()).to_numpy(dtype=float)
         ratio = np.full(len(slow), 1.0)
         for d, (x, q) in ratios.items():
             m = bn & (slow["dtype"].astype(str).to_numpy() == d) & np.isfinite(elems) & (elems > 0)
