@@ -20,6 +20,7 @@ from gpuprof.analyzers import (
     distributed,
     elementwise_fusion,
     host_gaps,
+    memory_format,
     nvml,
     optimizer_fusion,
     precision,
@@ -49,6 +50,7 @@ class Analyzer:
 REGISTRY: tuple[Analyzer, ...] = (
     Analyzer("precision", precision.run, ("gpu", "shapes", "spec")),
     Analyzer("shape_alignment", shape_alignment.run, ("gpu", "shapes", "spec")),
+    Analyzer("memory_format", memory_format.run, ("gpu", "shapes", "spec")),
     Analyzer("attention_fusion", attention_fusion.run, ("gpu", "shapes", "spec")),
     Analyzer("elementwise_fusion", elementwise_fusion.run, ("gpu", "shapes", "spec")),
     Analyzer("optimizer_fusion", optimizer_fusion.run, ("gpu", "shapes", "spec")),

@@ -802,3 +802,11 @@ def top_names(k: pd.DataFrame, n: int = 5, by: str = "dur") -> list[dict[str, An
     """The heaviest kernel names in ``k``: name, count, total µs (evidence rows)."""
     g = k.groupby(k["name"].astype(str))[by].agg(["size", "sum"]).sort_values("sum", ascending=False).head(n)
     return [{"kernel": name, "count": int(row["size"]), "total_us": round(float(row["sum"]), 1)} for name, row in g.iterrows()]
+
+
+def gpu_side_confidence(v: RankView, saved_us_per_step: float) -> tuple[str, float]:
+    """Confidence of a saving made by faster GPU work, and the GPU's idle ms per step: a faster
+    GPU shortens the step only where the GPU is the bottleneck, so when the GPU already idles
+    (host-bound) for longer than the saving, the step may not shorten ("medium")."""
+    idle = float(v.gaps["real_dur"].sum()) / v.n_steps if len(v.gaps) else 0.0
+    return ("medium" if idle > saved_us_per_step else "high"), round(ms(idle), 3)

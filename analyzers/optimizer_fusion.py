@@ -50,7 +50,9 @@ def run(analysis: Analysis) -> list[Candidate]:
             params = max(params, int(total))
         opt_name = _optimizer_name(v.trace.annotations)
         per_param = 5 * 4 if "SGD" in opt_name else 7 * 4
-        big = v.kernels[(v.kernels["bound"] == "memory") & (v.kernels["dur"] >= 20) & np.isfinite(v.kernels["t_roof_us"])]
+        # Fallback GEMMs are memory-bound on on-chip memory, not HBM: their roof is no bandwidth reference.
+        big = v.kernels[(v.kernels["bound"] == "memory") & (v.kernels["dur"] >= 20) & np.isfinite(v.kernels["t_roof_us"])
+                        & ~v.kernels["fallback_gemm"].to_numpy(dtype=bool)]
         eff = float(big["t_roof_us"].sum() / big["dur"].sum()) if big["dur"].sum() > 0 else 1.0
         fused_us = params * per_param / (spec.hbm_gbps * 1e9) / max(eff, 1e-3) * 1e6 * v.n_steps
         gap_units = v.inner_gap_units(k.index)

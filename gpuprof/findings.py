@@ -25,6 +25,7 @@ CATEGORIES = (
     "memory_capacity",
     "allocator_churn",
     "host_stall",
+    "memory_format",
 )
 
 

@@ -10,6 +10,14 @@ dtype whose roof applies; the roofline time ``max(flops / peak, bytes / bandwidt
   otherwise ``compute`` when its arithmetic intensity is at or above the ridge point of its
   roof, else ``memory``; ``unknown`` when no cost model applies (never an invented number).
 
+* ``fallback_gemm``: a pre-Hopper tensor-core GEMM/conv kernel (``cutlass_75_*``, ``cutlass_80_*``,
+  ``sm80_*``/``sm75_*``, ``ampere_*`` tiles, what cuBLAS picks for misaligned shapes) on a Hopper
+  or newer GPU. These issue ``mma.sync`` from shared memory and are limited by the on-chip memory
+  pipes and issue rate, not by the tensor peak (Nsight Compute: memory pipes ~80 %, SM ~35 %), so
+  they are ``memory``-bound (``latency`` only when short), however far below the tensor roof.
+* Layout transforms (cuDNN ``nchwToNhwcKernel``/``nhwcToNchwKernel`` around NCHW convolutions)
+  take no share of their convolution's FLOPs (family ``layout``, cost unknown): they move data.
+
 No kernel can run faster than its roofline. One that measures above ``MODEL_ERROR_PCT`` of it
 (5 % above, beyond clock and timing noise) proves its cost model (or the GPU spec) wrong: it is
 flagged ``model_error`` (``model_error_pct`` keeps the impossible figure), and its FLOPs, bytes
@@ -40,6 +48,8 @@ _CUDA_CORE = re.compile(r"simt|sgemm|dgemm|_ffma|gemv|gemmSN|fmha_cutlass[FB]_f3
 _TENSOR_CORE = re.compile(r"nvjet|gmma|wgmma|tensorop|hmma|imma|_mma|s1688|h1688|s16816|h16816|i8816|"
                           r"xmma_\w*(?:bf16|f16|tf32|e4m3|e5m2|i8)|flash|fmha|_sdpa_|cutlass\w*(?:bf16|f16|tf32)", re.IGNORECASE)
 _TF32_NAME = re.compile(r"tf32", re.IGNORECASE)
+PRE_HOPPER = re.compile(r"cutlass_75|cutlass_80|sm75_|sm80_|ampere_|turing_", re.IGNORECASE)
+LAYOUT_TRANSFORM = re.compile(r"nchwToNhwc|nhwcToNchw|nchw_?to_?nhwc|nhwc_?to_?nchw", re.IGNORECASE)
 
 
 def per_name(names: pd.Series, fn: Callable[[str], Any], dtype: Any = object) -> np.ndarray:
@@ -57,6 +67,14 @@ def engine_of(names: pd.Series) -> pd.Series:
                               "tensor" if _TENSOR_CORE.search(n) else ""), index=names.index)
 
 
+def _hopper(trace: RankTrace, spec: GpuSpec | None) -> bool:
+    """Hopper or newer NVIDIA (compute capability 9+), from the spec or the trace's device."""
+    arch = spec.arch if spec is not None else ""
+    if arch and arch[0].isdigit():
+        return float(arch.split(".")[0]) >= 9
+    return any(int(p.get("computeMajor", 0) or 0) >= 9 for p in trace.meta.device_properties)
+
+
 def classify(trace: RankTrace, spec: GpuSpec | None) -> pd.DataFrame:
     """One row per kernel of ``trace.kernels`` (same index) with the roofline columns."""
     k = trace.kernels
@@ -66,9 +84,11 @@ def classify(trace: RankTrace, spec: GpuSpec | None) -> pd.DataFrame:
         {"flops": pd.Series(dtype=float), "bytes": pd.Series(dtype=float), "dtype": pd.Series(dtype=object),
          "family": pd.Series(dtype=object), "elt_assumed": pd.Series(dtype=bool)})
     has = op >= 0
+    layout = per_name(k["name"], lambda n: bool(LAYOUT_TRANSFORM.search(n)), dtype=bool)
     # Split an op's FLOPs and bytes over its kernels by duration (split-K GEMM + reduce, etc.).
-    op_time = k.groupby("op")["dur"].transform("sum").to_numpy()
-    share = np.where(has & (op_time > 0), k["dur"].to_numpy() / np.where(op_time > 0, op_time, 1), np.nan)
+    dur_shared = np.where(layout, 0.0, k["dur"].to_numpy())
+    op_time = pd.Series(dur_shared, index=k.index).groupby(k["op"]).transform("sum").to_numpy()
+    share = np.where(has & (op_time > 0) & ~layout, dur_shared / np.where(op_time > 0, op_time, 1), np.nan)
     # float even when no op had a cost (a GPU-only trace: the empty frame's columns are object)
     flops = costs["flops"].reindex(op).to_numpy(dtype=float) * share
     nbytes = costs["bytes"].reindex(op).to_numpy(dtype=float) * share
@@ -78,7 +98,7 @@ def classify(trace: RankTrace, spec: GpuSpec | None) -> pd.DataFrame:
         elt = per_name(k["name"], kernel_elt_bytes, dtype=float)
         nbytes = np.where(assumed & np.isfinite(elt), nbytes * elt / TENSORLIST_ELT, nbytes)
     dtype = costs["dtype"].reindex(op).to_numpy()
-    family = costs["family"].reindex(op).to_numpy()
+    family = np.where(layout, "layout", costs["family"].reindex(op).to_numpy().astype(object))
     op_name: Any = np.where(has, ops["name"].astype(object).to_numpy()[np.maximum(op, 0)] if len(ops) else None, None)
 
     engine = engine_of(k["name"]).to_numpy()
@@ -129,10 +149,16 @@ def classify(trace: RankTrace, spec: GpuSpec | None) -> pd.DataFrame:
     known = np.isfinite(out["t_roof_us"].to_numpy()) & np.isfinite(out["ai"].to_numpy())
     blocks = k["blocks"].to_numpy()
     sms = spec.sm_count if spec and spec.sm_count else 0
-    small = (k["dur"].to_numpy() < SHORT_US) | ((blocks > 0) & (blocks < sms))
-    latency = known & (out["roofline_pct"].to_numpy() < LATENCY_PCT) & small
+    short = k["dur"].to_numpy() < SHORT_US
+    small = short | ((blocks > 0) & (blocks < sms))
+    hopper = _hopper(trace, spec)
+    fallback = hopper & (engine == "tensor") & np.isin(family.astype(str), ("gemm", "conv")) & per_name(
+        k["name"], lambda n: bool(PRE_HOPPER.search(n)), dtype=bool)
+    out["fallback_gemm"] = fallback
+    # A fallback kernel's distance from the tensor roof says nothing about latency: only being short does.
+    latency = known & (out["roofline_pct"].to_numpy() < LATENCY_PCT) & np.where(fallback, short, small)
     bound = np.where(~known, "unknown", np.where(latency, "latency",
-                     np.where(out["ai"].to_numpy() >= ridge, "compute", "memory")))
+                     np.where(fallback | (out["ai"].to_numpy() < ridge), "memory", "compute")))
     out["bound"] = pd.Categorical(bound, categories=["compute", "memory", "latency", "unknown"])
     out["cls"] = np.where(k["is_comm"].to_numpy(), "communication", bound)
     return out

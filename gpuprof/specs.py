@@ -47,6 +47,8 @@ class GpuSpec:
     interconnect: str = ""
     vendor: str = ""  # "nvidia" or "amd"
     arch: str = ""  # compute capability ("9.0") or gfx name ("gfx942")
+    #: Aligned GEMMs measured on this GPU (``gpuprof calibrate --gemm-table``): (dtype, m, n, k, TFLOP/s).
+    gemm_table: tuple[tuple[str, int, int, int, float], ...] = ()
 
     def peak(self, dtype: str) -> float:
         """TFLOP/s for a math dtype; a dtype the part lacks falls back to the CUDA-core FP32 rate."""
@@ -385,8 +387,10 @@ def load_spec_file(path: str | Path) -> GpuSpec:
 
     Fields: ``name``; ``peaks_tflops`` {dtype: TFLOP/s}; ``hbm_gbps``; optional ``base`` (a
     built-in key to inherit unspecified values from), ``sm_count``, ``memory_gb``,
-    ``nvlink_gbps``, ``measured`` (true for measured ceilings). Any field of the wrong type is
-    one error naming the file and the field.
+    ``nvlink_gbps``, ``measured`` (true for measured ceilings), ``gemm_table`` (rows of
+    ``calibrate --gemm-table``: dtype, m, n, k, aligned, tflops; the aligned rows become the GEMM
+    reference, :mod:`gpuprof.gemmref`). Any field of the wrong type is one error naming the file
+    and the field.
     """
     p = Path(path)
     try:
@@ -437,7 +441,25 @@ def load_spec_file(path: str | Path) -> GpuSpec:
         interconnect=base.interconnect if base else "",
         vendor=base.vendor if base else "",
         arch=base.arch if base else "",
+        gemm_table=_gemm_rows(raw.get("gemm_table", []), p),
     )
+
+
+def _gemm_rows(rows: Any, p: Path) -> tuple[tuple[str, int, int, int, float], ...]:
+    """The aligned rows of a spec file's ``gemm_table``; a malformed row is one error naming it."""
+    if not isinstance(rows, list):
+        raise SpecError("'gemm_table' must be a list of rows (gpuprof calibrate --gemm-table)", str(p))
+    out = []
+    for i, r in enumerate(rows):
+        ok = isinstance(r, dict) and r.get("dtype") in DTYPES and isinstance(r.get("aligned", True), bool) and all(
+            isinstance(r.get(d), int) and not isinstance(r.get(d), bool) and r[d] > 0 for d in ("m", "n", "k"))
+        t = r.get("tflops") if isinstance(r, dict) else None
+        if not ok or not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t <= 0:
+            raise SpecError(f"gemm_table[{i}] needs dtype, positive integer m, n, k and positive tflops, got {r!r}",
+                            str(p))
+        if r.get("aligned", True):
+            out.append((str(r["dtype"]), int(r["m"]), int(r["n"]), int(r["k"]), float(t)))
+    return tuple(out)
 
 
 def resolve(device_props: list[dict[str, Any]], gpu: str | None = None, spec_file: str | None = None) -> GpuSpec | None:

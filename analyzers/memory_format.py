@@ -1,0 +1,149 @@
+"""memory_format: convolutions run in NCHW, so cuDNN transposes activations to NHWC and back around
+each convolution, and the normalisation/pooling kernels take their slower NCHW paths.
+
+Trigger: a trace with convolution kernels and cuDNN layout transforms (``nchwToNhwcKernel`` /
+``nhwcToNchwKernel``; the roofline's family ``layout``) or NCHW variants of layout-sensitive
+kernels (batch norm, pooling, upsampling kernels without ``channels_last``/``nhwc`` in the name).
+A channels-last model (its kernels say ``channels_last``/``nhwc``, no transforms) never raises it;
+neither does a model without convolutions.
+Estimate: with ``channels_last`` the transforms disappear, with the launch gaps in front of them.
+The NCHW kernels' excess over their channels-last cost is priced from a measurement: channels-last
+variants of the same kernels in the same program (at their roofline efficiency), else for batch
+norm the measured layout table (``benchmarks/layout_table.py``: channels-last over NCHW time of
+``BatchNorm2d`` forward+backward at that size and dtype, shipped as
+``gpuprof/data/h200_layout_table.json`` once measured); otherwise it is reported (with what it
+would be at the roofline, an upper bound) but not claimed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+from gpuprof.analyzers._base import Candidate, gpu_side_confidence, ms, per_shape, top_names, views
+
+from gpuprof.roofline import per_name
+
+if TYPE_CHECKING:
+    from gpuprof.analyzers._base import RankView
+    from gpuprof.api import Analysis
+
+#: Kernels whose NCHW path is slower than their channels-last one (strided per-channel work).
+LAYOUT_SENSITIVE = re.compile(r"batch_norm|\bbn_|_bn_|pool|upsample|group_norm", re.IGNORECASE)
+CHANNELS_LAST = re.compile(r"channels_last|nhwc", re.IGNORECASE)
+BATCH_NORM = re.compile(r"batch_norm|\bbn_|_bn_", re.IGNORECASE)
+LAYOUT_TABLE = "h200_layout_table.json"
+Ratios = dict[str, tuple[np.ndarray, np.ndarray]]
+
+
+@lru_cache(maxsize=1)
+def layout_ratios() -> Ratios | None:
+    """Per dtype: log2 elements and channels-last / NCHW batch-norm time (at most 1), from the
+    measured layout table shipped as package data; None until it has been measured."""
+    f = resources.files("gpuprof").joinpath("data", LAYOUT_TABLE)
+    if not f.is_file():
+        return None
+    rows = [r for r in json.loads(f.read_text(encoding="utf-8"))["rows"] if r.get("op") == "batch_norm"]
+    out: Ratios = {}
+    for d in sorted({str(r["dtype"]) for r in rows}):
+        rs = sorted((float(r["elements"]), min(1.0, float(r["cl_us"]) / float(r["nchw_us"]))) for r in rows
+                    if r["dtype"] == d)
+        out[d] = (np.log2([e for e, _ in rs]), np.array([q for _, q in rs]))
+    return out
+
+
+def _numel(dims: Any) -> float:
+    first = dims[0] if isinstance(dims, list) and dims else None
+    return float(np.prod(first)) if isinstance(first, list) and first and all(isinstance(x, int) for x in first) \
+        else float("nan")
+FIX = ("Convert the model and its inputs to channels-last: `model = model.to(memory_format=torch.channels_last)` "
+       "and `images = images.to(device, memory_format=torch.channels_last)` (keep autocast on); cuDNN then runs "
+       "NHWC convolutions without transposes, and batch norm/pooling take their channels-last kernels.")
+
+
+def nchw_parts(v: RankView) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(layout transforms, NCHW layout-sensitive kernels, their channels-last variants) of one
+    rank, empty where the trace has no convolutions. Shared with the precision analyzer, whose
+    FP32-CNN estimate assumes channels-last too."""
+    k = v.kernels
+    fam = k["family"].astype(str)
+    if not (fam == "conv").any():
+        empty = k.iloc[:0]
+        return empty, empty, empty
+    sens = per_name(k["name"], lambda n: bool(LAYOUT_SENSITIVE.search(n)), dtype=bool)
+    cl = per_name(k["name"], lambda n: bool(CHANNELS_LAST.search(n)), dtype=bool)
+    memoryish = ~fam.isin(["conv", "gemm", "attention", "layout"]).to_numpy()
+    return k[(fam == "layout").to_numpy()], k[sens & ~cl & memoryish], k[sens & cl & memoryish]
+
+
+def nchw_savings(v: RankView, ratios: Ratios | None = None) -> tuple[pd.DataFrame, np.ndarray, float, str]:
+    """Kernels channels-last would remove or speed up, the µs each would save, what the NCHW
+    kernels would save more at their roofline (reported, not claimed), and how they were priced.
+    ``ratios`` defaults to the shipped layout table (:func:`layout_ratios`)."""
+    xf, slow, fast = nchw_parts(v)
+    ratios = layout_ratios() if ratios is None else ratios
+    dur = slow["dur"].to_numpy(dtype=float)
+    t_roof = slow["t_roof_us"].to_numpy(dtype=float)
+    roof = np.isfinite(t_roof) & (t_roof > 0)
+    after = dur.copy()
+    how = "not claimed (nothing measured says how fast their channels-last kernels run)"
+    eff = float(fast["t_roof_us"].sum() / fast["dur"].sum()) if len(fast) and fast["dur"].sum() > 0 else np.nan
+    if np.isfinite(eff) and eff > 0:
+        after = np.where(roof, t_roof / eff, dur)
+        how = "at the roofline efficiency of the channels-last variants in this trace"
+    elif ratios and len(slow):
+        bn = per_name(slow["name"], lambda n: bool(BATCH_NORM.search(n)), dtype=bool)
+        sizes = per_shape(v.trace.ops, slow["op"].unique(), _numel)
+        elems = sizes.reindex(slow["op"].to_numpy()).to_numpy(dtype=float)
+        ratio = np.full(len(slow), 1.0)
+        for d, (x, q) in ratios.items():
+            m = bn & (slow["dtype"].astype(str).to_numpy() == d) & np.isfinite(elems) & (elems > 0)
+            ratio[m] = np.interp(np.log2(elems[m]), x, q)
+        after = np.maximum(dur * ratio, np.where(roof, t_roof, 0.0))
+        how = "batch norm at the measured channels-last/NCHW time ratio for its size (benchmarks/layout_table.py)"
+    saved_slow = np.clip(dur - after, 0, None)
+    at_roof = float(np.clip(dur - np.where(roof, t_roof, dur), 0, None).sum() - saved_slow.sum())
+    rows = pd.concat([xf, slow])
+    return rows, np.r_[xf["dur"].to_numpy(), saved_slow], max(at_roof, 0.0), how
+
+
+def run(analysis: Analysis) -> list[Candidate]:
+    out = []
+    for v in views(analysis):
+        xf, slow, _ = nchw_parts(v)
+        if xf.empty and slow.empty:
+            continue
+        rows, saved, at_roof, how = nchw_savings(v)
+        units = v.kernel_units(rows.index, saved)
+        units.update(v.inner_gap_units(xf.index))
+        per_step = sum(units.values()) / v.n_steps
+        if per_step <= 0:
+            continue
+        confidence, idle_ms = gpu_side_confidence(v, per_step)
+        out.append(Candidate(
+            id="GP-MEMFMT-001", category="memory_format",
+            title=f"Convolutions run in NCHW: {ms(xf['dur'].sum()) / v.n_steps:.2f} ms per step of cuDNN layout "
+                  f"transposes and {ms(slow['dur'].sum()) / v.n_steps:.2f} ms of NCHW batch-norm/pooling kernels",
+            confidence=confidence,
+            recommendation=FIX,
+            units=units,
+            evidence={
+                "rank": v.rank,
+                "layout_transform_ms_per_step": round(ms(xf["dur"].sum()) / v.n_steps, 3),
+                "layout_transforms_per_step": round(len(xf) / v.n_steps, 1),
+                "nchw_kernels_ms_per_step": round(ms(slow["dur"].sum()) / v.n_steps, 3),
+                "nchw_kernels_extra_saving_at_roofline_ms_per_step": round(ms(at_roof) / v.n_steps, 3),
+                "nchw_kernels_priced": how,
+                "gpu_idle_ms_per_step": idle_ms,
+                "transform_kernels": top_names(xf) if len(xf) else [],
+                "nchw_kernels": top_names(slow) if len(slow) else [],
+                "estimate": "the layout transforms and the launch gaps before them go; NCHW batch-norm/pooling "
+                            f"kernels: {how}",
+            },
+        ))
+    return out

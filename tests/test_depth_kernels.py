@@ -1,0 +1,210 @@
+"""Issue #12, kernel-side classes, on real H200 pairs (sample_traces/h200/depth_pairs.json):
+every GEMM misaligned (shape_alignment from the measured GEMM table, no aligned twin needed),
+pre-Hopper fallback GEMMs classified by what limits them, CNN memory format, and the FP32-CNN
+precision estimate that assumes autocast + channels_last. Realised savings are differences of
+unprofiled step times (sample_traces/h200/timings)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import gpuprof
+from benchmarks.pairs import step_ms, trace_path
+from gpuprof import gemmref
+from gpuprof.errors import SpecError
+from gpuprof.roofline import classify
+from gpuprof.specs import BUILTIN, load_spec_file
+from gpuprof.trace.load import load_trace
+from tests.conftest import ROOT
+
+_cache: dict[str, gpuprof.Analysis] = {}
+
+
+def analysis(name: str) -> gpuprof.Analysis:
+    if name not in _cache:
+        _cache[name] = gpuprof.analyze(trace_path(name), step_ms=step_ms(name))
+    return _cache[name]
+
+
+def finding(name: str, category: str) -> gpuprof.Finding | None:
+    return next((f for f in analysis(name).findings if f.category == category), None)
+
+
+def gpu_busy_ms(name: str) -> float:
+    s = analysis(name).summary
+    return float(s["step_time_ms"]) * (1 - float(s["breakdown_pct"]["idle"]) / 100)
+
+
+@pytest.mark.parametrize("bad,good", [("gpt_misaligned", "gpt_aligned"), ("llama_misaligned", "llama_aligned")])
+def test_every_gemm_misaligned_is_found_and_priced(bad: str, good: str) -> None:
+    """No aligned GEMM in the bad trace to learn from: the saving comes from the measured table."""
+    f = analysis(bad).findings[0]
+    assert f.category == "shape_alignment" and "1020" in f.title and "fallback" in f.title
+    assert "1024" in f.recommendation
+    assert "measured on an NVIDIA H200" in f.evidence["estimate"]
+    realised = step_ms(bad) - step_ms(good)
+    assert abs(f.estimated_savings_ms - realised) <= 0.25 * realised, (f.estimated_savings_ms, realised)
+    g = finding(good, "shape_alignment")
+    assert g is None or g.estimated_savings_pct < 5.0
+
+
+def test_vocab_pair_keeps_working() -> None:
+    f = finding("gpt_vocab50257", "shape_alignment")
+    assert f is not None and analysis("gpt_vocab50257").findings[0] is f
+    realised = step_ms("gpt_vocab50257") - step_ms("gpt_bf16")
+    assert abs(f.estimated_savings_ms - realised) <= 0.2 * realised
+
+
+def test_bert_vocab_saving_is_the_kernels_not_the_shape() -> None:
+    """30522 -> 30528 made the unprofiled step slower (host-bound run): the finding prices what the
+    fallback GEMMs' GPU time would fall to, which the padded twin's trace confirms, and says the
+    GPU idles longer than that (medium confidence), instead of claiming a step-time saving as sure."""
+    f = finding("bert_vocab30522", "shape_alignment")
+    assert f is not None and f.confidence == "medium"
+    assert f.evidence["gpu_idle_ms_per_step"] > f.estimated_savings_ms
+    gpu_side = gpu_busy_ms("bert_vocab30522") - gpu_busy_ms("bert_vocab30528")
+    assert abs(f.estimated_savings_ms - gpu_side) <= 0.25 * gpu_side, (f.estimated_savings_ms, gpu_side)
+    assert finding("bert_vocab30528", "shape_alignment") is None
+
+
+def test_fallback_gemms_are_memory_bound_on_hopper_only() -> None:
+    k = analysis("gpt_misaligned").kernels
+    fb = k[k["name"].astype(str).str.contains("cutlass_75_tensorop|cutlass_80_tensorop") & (k["step"] >= 0)]
+    assert len(fb) and fb["fallback_gemm"].all()
+    long = fb[fb["dur"] >= 10]
+    assert (long["bound"] == "memory").all()  # not "compute-bound at 12 % of roofline"
+    ok = analysis("gpt_aligned").kernels
+    assert not ok.loc[ok["name"].astype(str).str.startswith("nvjet"), "fallback_gemm"].any()
+    # The same kernels on an Ampere spec are that GPU's native choice, not a fallback.
+    t = load_trace(trace_path("gpt_misaligned"))
+    a100 = next(s for s in BUILTIN.values() if s.arch == "8.0")
+    assert not classify(t, a100)["fallback_gemm"].any()
+
+
+@pytest.mark.parametrize("bad,good", [("resnet50_bf16_nchw", "resnet50_bf16_cl"),
+                                      ("convnext_tiny_bf16_nchw", "convnext_tiny_bf16_cl")])
+def test_memory_format_on_nchw_not_on_channels_last(bad: str, good: str) -> None:
+    f = finding(bad, "memory_format")
+    assert f is not None and "channels_last" in f.recommendation
+    assert f.evidence["layout_transform_ms_per_step"] > 0 and f.evidence["transform_kernels"]
+    assert finding(good, "memory_format") is None
+    assert f.estimated_savings_ms <= step_ms(bad) - step_ms(good)  # never claims more than the fix realised
+
+
+def test_memory_format_never_on_models_without_convolutions() -> None:
+    for name in ("gpt_bf16", "gpt_misaligned", "llama_bf16"):
+        assert finding(name, "memory_format") is None
+
+
+@pytest.mark.parametrize("bad,good", [("resnet50_fp32_nchw", "resnet50_bf16_cl"),
+                                      ("convnext_tiny_fp32_nchw", "convnext_tiny_bf16_cl")])
+def test_fp32_cnn_precision_assumes_amp_and_channels_last(bad: str, good: str) -> None:
+    f = analysis(bad).findings[0]
+    assert f.category == "precision" and "channels_last" in f.recommendation
+    assert "autocast AND channels_last" in f.evidence["estimate"] and f.evidence["cnn_amp_channels_last_ms_per_step"]
+    # Against what the GPU did in the fixed twin (kernels are not slowed by the profiler).
+    gpu_side = gpu_busy_ms(bad) - gpu_busy_ms(good)
+    assert abs(f.estimated_savings_ms - gpu_side) <= 0.2 * gpu_side, (f.estimated_savings_ms, gpu_side)
+
+
+def test_fp32_transformer_precision_is_not_the_cnn_recipe() -> None:
+    f = finding("gpt_fp32", "precision")
+    assert f is not None and f.evidence["cnn_amp_channels_last_ms_per_step"] is None
+    assert "channels_last" not in f.recommendation
+
+
+def test_gemm_reference_reproduces_the_measured_table() -> None:
+    doc = json.loads((ROOT / "docs" / "measurements" / "h200_gemm_table.json").read_text())
+    shipped = json.loads((ROOT / "gpuprof" / "data" / gemmref.SHIPPED).read_text())
+    assert doc == shipped  # the package data is the measurement, unchanged
+    ref = gemmref.reference(BUILTIN["H200-SXM"])
+    for r in doc["gemm_table"]:
+        if r["aligned"]:
+            assert ref.tflops(r["dtype"], r["m"], r["n"], r["k"]) == pytest.approx(r["tflops"], rel=1e-6)
+    lo, hi = ref.tflops("bf16", 1024, 1024, 1024), ref.tflops("bf16", 4096, 4096, 1024)
+    mid = ref.tflops("bf16", 2048, 2048, 1024)
+    assert min(lo, hi) <= mid <= max(lo, hi)
+    assert ref.tflops("bf16", 65536, 65536, 4096) == ref.tflops("bf16", 16384, 16384, 4096)  # clamped
+
+
+def test_other_gpus_scale_the_efficiency_of_peak(tmp_path: Path) -> None:
+    a100 = next(s for s in BUILTIN.values() if s.arch == "8.0")
+    ref = gemmref.reference(a100)
+    h200 = gemmref.reference(BUILTIN["H200-SXM"])
+    ratio = a100.peaks_tflops["bf16"] / BUILTIN["H200-SXM"].peaks_tflops["bf16"]
+    assert ref.tflops("bf16", 4096, 4096, 4096) == pytest.approx(h200.tflops("bf16", 4096, 4096, 4096) * ratio)
+    assert "fallback" in ref.source
+
+
+def test_spec_file_gemm_table_overrides(tmp_path: Path) -> None:
+    rows = [{"dtype": "bf16", "m": m, "n": n, "k": k, "aligned": True, "us": 1.0, "tflops": 100.0}
+            for m in (256, 4096) for n in (256, 4096) for k in (256, 4096)]
+    p = tmp_path / "spec.json"
+    p.write_text(json.dumps({"name": "NVIDIA H200", "base": "H200-SXM", "gemm_table": rows}))
+    ref = gemmref.reference(load_spec_file(p))
+    assert ref.tflops("bf16", 1000, 1000, 1000) == pytest.approx(100.0)
+    assert "spec file" in ref.source
+    p.write_text(json.dumps({"name": "NVIDIA H200", "base": "H200-SXM", "gemm_table": [{"dtype": "bf16", "m": -1}]}))
+    with pytest.raises(SpecError, match="gemm_table"):
+        load_spec_file(p)
+
+
+PUBLIC = ROOT / ".." / "shared" / "traces" / "public"
+
+
+def test_public_corpus_raises_memory_format_only_with_layout_transforms() -> None:
+    """Real public traces: memory_format only where the trace shows NCHW layout work."""
+    if not PUBLIC.is_dir():
+        pytest.skip(f"public traces not found at {PUBLIC}")
+    man = json.loads((PUBLIC / "MANIFEST.json").read_text())
+    files = [PUBLIC / e["file"] for e in man["entries"] if e.get("record_shapes") and (PUBLIC / e["file"]).is_file()]
+    if not files:
+        pytest.skip("no public trace with shapes")
+    for f in files:
+        try:
+            a = gpuprof.analyze(f, analyzers=["memory_format"])
+        except gpuprof.GpuprofError:
+            continue
+        k = a.kernels
+        has_nchw = bool(len(k)) and (k["family"].astype(str) == "layout").any()
+        if not has_nchw:
+            assert not [x for x in a.findings if x.category == "memory_format"], f
+
+
+def test_gemvs_are_not_priced_as_misaligned_gemms() -> None:
+    """Batch-1 decode: M = 1 is 'misaligned' but bound by the weights' bytes, which padding cannot
+    shrink; that is memory_bound_decode's finding, not shape_alignment's."""
+    assert finding("decode_b1", "shape_alignment") is None
+    assert finding("decode_b1", "memory_bound_decode") is not None
+
+
+def test_memory_format_prices_batch_norm_by_the_measured_layout_table() -> None:
+    """SYNTHETIC layout ratios (a table `benchmarks/layout_table.py` would measure) on the real
+    resnet50 NCHW trace: its NCHW batch-norm kernels are then claimed at that ratio, never below
+    their roofline; without a table (or a channels-last variant in the trace) they are not claimed."""
+    import numpy as np
+    from gpuprof.analyzers import memory_format
+    from gpuprof.analyzers._base import release_views, views
+
+    a = analysis("resnet50_bf16_nchw")
+    (v,) = views(a)
+    try:
+        xf, slow, fast = memory_format.nchw_parts(v)
+        assert len(xf) and len(slow) and fast.empty
+        _, base, _, how0 = memory_format.nchw_savings(v, ratios={})
+        assert base[len(xf):].sum() == 0 and "not claimed" in how0
+        ratios = {"bf16": (np.log2([1e5, 1e9]), np.array([0.45, 0.45]))}
+        _, saved, _, how = memory_format.nchw_savings(v, ratios=ratios)
+        bn = slow["name"].astype(str).str.contains("batch_norm").to_numpy()
+        got = saved[len(xf):]
+        cap = np.clip(slow["dur"] - slow["t_roof_us"].fillna(0), 0, None).to_numpy()
+        assert np.all(got <= cap + 1e-6) and got[bn].sum() > 0.4 * slow["dur"].to_numpy()[bn].sum()
+        assert "layout_table" in how
+    finally:
+        release_views(a)
+    if memory_format.layout_ratios() is None:
+        f = finding("resnet50_bf16_nchw", "memory_format")
+        assert f is not None and "not claimed" in f.evidence["nchw_kernels_priced"]
