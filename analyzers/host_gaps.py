@@ -13,7 +13,12 @@
 
 Estimate: the gaps of that cause, per step, each less the profiler's own cost for the host
 events recorded inside it (``_base``: known when the unprofiled step time is). For launch overhead this is an upper
-bound: CUDA graphs still leave about a microsecond between kernels.
+bound: CUDA graphs still leave about a microsecond between kernels. A *launch-bound* step (under
+half its kernels in graph replay, GPU busy under half the real step, launch gaps at least half the
+real idle) is set by the host's launch cost per kernel; a graph replays it at the GPU's own time,
+so the estimate is the real step less GPU busy time and the idle other causes hold (never more
+than real step − GPU busy), claimed before the fusion findings. In an inference trace of a few
+rows per GEMM it is named host-bound decode, with static cache + CUDA graphs and batching.
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ memory_bound_decode — Trigger: an inference trace (no backward, no optimizer) 
 at most ``GEMV_ROWS`` rows (tokens in flight) and are memory-bound: each step streams all weights
 to multiply a few rows. Estimate: 8-bit weights halve the bytes of 16-bit ones (a quarter of
 FP32), so those kernels' time falls in proportion; batching more requests raises tokens per
-step at nearly the same step time (reported as evidence, not as a saving).
+step at nearly the same step time (reported as evidence, not as a saving); the launch gaps before
+the GEMVs go too, since the fix captures decode in CUDA graphs. Where the host bounds decode
+(GPU idle between tiny kernels) ``launch_overhead`` reports it, and ranks ahead.
 """
 
 from __future__ import annotations
