@@ -78,13 +78,15 @@ class RankView:
         host = pd.concat([t.ops.loc[t.ops["step"] >= 0, "ts"], t.runtime.loc[t.runtime["step"] >= 0, "ts"]])
         # The profiler's cost per recorded host event (µs), from the traced vs. the real step time.
         self.event_cost_us, self.host_events_per_step = event_cost_us(r)
+        #: GPU busy time per step (kernels, copies) and the real step time (µs; the traced one when unknown)
+        self.busy_us = self.step_time_us * (100.0 - r.summary.breakdown_pct["idle"]) / 100.0
+        self.real_step_us = real * 1000.0 if real else self.step_time_us
         g = classify_gaps(r)
         starts = np.sort(host.to_numpy())
         n = np.searchsorted(starts, g["end"].to_numpy()) - np.searchsorted(starts, g["start"].to_numpy())
         real_dur = np.maximum(0.0, g["dur"].to_numpy() - self.event_cost_us * n)
         if real:
-            busy_us = self.step_time_us * (100.0 - r.summary.breakdown_pct["idle"]) / 100.0
-            budget = max(0.0, real * 1000.0 - busy_us) * self.n_steps
+            budget = max(0.0, real * 1000.0 - self.busy_us) * self.n_steps
             for cause in CAUSE_ORDER:
                 m = (g["cause"] == cause).to_numpy()
                 total = real_dur[m].sum()

@@ -36,3 +36,26 @@ def step_ms(name: str) -> float:
     """The member's step time measured without the profiler (rank 0 for folders)."""
     f = H200 / "timings" / (f"{name}_rank0.json" if (H200 / name).is_dir() else f"{name}.json")
     return float(json.loads(f.read_text())["step_ms"])
+
+
+def tokens(name: str) -> float | None:
+    """New tokens per step of a decode sample (timings' ``new_tokens``), None for other samples."""
+    f = H200 / "timings" / f"{name}.json"
+    v = json.loads(f.read_text()).get("new_tokens") if f.is_file() else None
+    return float(v) if v else None
+
+
+def realised_ms(bad: str, good: str) -> float:
+    """The bad step's time less the fixed program's time for the same work: for decode samples
+    that make different numbers of tokens per step, the good one's time per token × the bad's tokens."""
+    tb, tg = tokens(bad), tokens(good)
+    scale = tb / tg if tb and tg else 1.0
+    return step_ms(bad) - step_ms(good) * scale
+
+
+def depth_pairs(expect: tuple[str, ...] | None = None) -> list[tuple[str, str, str, str]]:
+    """(class, expected category, bad, good) of sample_traces/h200/depth_pairs.json's pairs with an
+    expected category and a good twin (only those expecting one of ``expect``, when given)."""
+    doc = json.loads((H200 / "depth_pairs.json").read_text())
+    return [(p["class"], p["expect"], p["bad"], p["good"]) for p in doc["pairs"]
+            if p["expect"] and p["good"] and (expect is None or p["expect"] in expect)]

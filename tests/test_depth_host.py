@@ -1,0 +1,69 @@
+"""Host-side classes of issue #12 on the real H200 depth pairs (sample_traces/h200/depth_pairs.json):
+launch-bound small models (CUDA-graph replay of the whole step) and decode bound by the host (HF
+generate at batch 1 vs a static cache). Each defect ranks its category first, the estimate is
+within ±10 % of the realised (unprofiled) saving and never above real step − GPU busy time, and
+the fixed twin does not raise it with >= 5 %. decode_b1 (gpt.py KV-cache decode, GPU busy most of
+the step) keeps memory-bound decode first."""
+
+from __future__ import annotations
+
+import pytest
+
+import gpuprof
+from benchmarks.pairs import realised_ms, step_ms, trace_path
+
+LAUNCH = [("mlp_eager", "mlp_graph"), ("tiny_eager", "tiny_graph"), ("llama_generate_b1", "llama_generate_b1_static")]
+
+_cache: dict[str, gpuprof.Analysis] = {}
+
+
+def analysis(name: str) -> gpuprof.Analysis:
+    if name not in _cache:
+        if not trace_path(name).exists():
+            pytest.skip(f"{trace_path(name)} is absent")
+        _cache[name] = gpuprof.analyze(trace_path(name), step_ms=step_ms(name))
+    return _cache[name]
+
+
+def launch(a: gpuprof.Analysis) -> gpuprof.Finding:
+    return next(f for f in a.findings if f.category == "launch_overhead")
+
+
+@pytest.mark.parametrize("bad,good", LAUNCH)
+def test_launch_bound_ranks_first_near_what_graphs_realise(bad: str, good: str) -> None:
+    a = analysis(bad)
+    assert a.findings[0].category == "launch_overhead", [f.category for f in a.findings]
+    f = launch(a)
+    real = realised_ms(bad, good)
+    assert f.estimated_savings_ms == pytest.approx(real, rel=0.1)
+    s = a.summary
+    busy_ms = s["step_time_ms"] * s["gpu_busy_pct"] / 100
+    assert f.estimated_savings_ms <= step_ms(bad) - busy_ms + 1e-6  # a graph leaves the GPU's own time
+    others = [x for x in a.findings[1:] if x.severity != "info"]
+    assert all(x.estimated_savings_ms < 0.15 * f.estimated_savings_ms for x in others), others
+
+
+@pytest.mark.parametrize("bad,good", LAUNCH)
+def test_fixed_twin_does_not_raise_launch_overhead(bad: str, good: str) -> None:
+    """The twin replays CUDA graphs: no launch finding of 5 % or more, except one that says the step
+    already replays as a graph and names the host work left between replays (the static-cache
+    generate loop still samples and checks stopping criteria on the host every token)."""
+    found = [f for f in analysis(good).findings if f.category == "launch_overhead"]
+    assert not found or found[0].estimated_savings_pct < 5.0 or (
+        "between CUDA-graph replays" in found[0].title and "graphs will not help" in found[0].recommendation), found
+
+
+def test_host_bound_generate_is_named_and_ranked_above_memory_bound_decode() -> None:
+    a = analysis("llama_generate_b1")
+    cats = [f.category for f in a.findings]
+    assert "memory_bound_decode" in cats and cats.index("launch_overhead") < cats.index("memory_bound_decode")
+    f = launch(a)
+    assert f.title.startswith("Decode is bound by the host")
+    assert "static" in f.recommendation and "reduce-overhead" in f.recommendation and "batch" in f.recommendation
+
+
+def test_decode_streaming_weights_keeps_memory_bound_decode_first() -> None:
+    a = analysis("decode_b1")
+    assert a.findings[0].category == "memory_bound_decode", [f.category for f in a.findings]
+    lo = [f for f in a.findings if f.category == "launch_overhead"]
+    assert not lo or not lo[0].title.startswith("Decode is bound by the host")  # the GPU is busy most of it
