@@ -140,14 +140,14 @@ def timeline(analysis: Analysis, max_items: int = 30000, claims_frame: pd.DataFr
 
     Single rank: host threads (top-level and second-level ops, runtime calls per thread), one
     lane per GPU stream (kernels with their class, copies) and the GPU's idle stretches with
-    their cause. Several ranks: one lane per rank's compute stream (the stream with most kernel
-    time) and its idle stretches, each rank's step starting at 0 so the ranks line up.
+    their cause. Several ranks: one lane per rank's compute stream (the stream with most
+    non-collective kernel time), its busiest collective stream, and its idle stretches, each rank's step starting at 0 so the ranks line up.
 
     The step is the one of median GPU time (first rank's numbering). Times are µs from the
-    step's start. Past ``max_items`` the shortest items are dropped (they are below a pixel at
+    step's start (single rank: its first host event). Past ``max_items`` the shortest items are dropped (they are below a pixel at
     any zoom that shows the whole step) but never one a finding claims; ``dropped`` counts them.
 
-    Returns ``{"step", "rank", "window_us", "lanes": [{"name", "kind"}], "items": columns
+    Returns ``{"step", "rank", "window_us", "gpu_start_us" (where the step's GPU window opens), "lanes": [{"name", "kind"}], "items": columns
     (lane, start, dur, name, cls, shapes, detail), "findings": {id: [item index]}, "dropped",
     "total"}``; names and shapes are interned in ``strings`` (items hold codes)."""
     from gpuprof.analyzers._base import classify_gaps
@@ -167,14 +167,18 @@ def timeline(analysis: Analysis, max_items: int = 30000, claims_frame: pd.DataFr
             lanes.append({"name": lane, "kind": kind})
             parts.append(df.assign(lane=len(lanes) - 1))
 
-    window = 0.0
+    window, gpu_start = 0.0, 0.0
     for r in ranks:
         t = r.trace
         srow = t.steps[t.steps["step"] == step]
         if srow.empty:
             continue
         lo, hi = float(srow["start"].iloc[0]), float(srow["end"].iloc[0])
-        window = max(window, hi - lo)
+        # Single rank: from the step's first host event, so the host's lead over the GPU shows.
+        origin = lo if multi else min(lo, float(srow["cpu_start"].iloc[0]))
+        window = max(window, hi - origin)
+        if r is first:
+            gpu_start = lo - origin
         rk = t.meta.rank
         pre = f"rank {rk} · " if multi else ""
 
@@ -191,27 +195,33 @@ def timeline(analysis: Analysis, max_items: int = 30000, claims_frame: pd.DataFr
             has = op >= 0
             shapes = np.where(has, shapes_of_op[np.where(has, op, 0)] if len(shapes_of_op) else "", "")
             detail = np.where(has, opn[np.where(has, op, 0)] if len(opn) else "", "")
-            return pd.DataFrame({"start": df["ts"].to_numpy() - lo, "dur": df["dur"].to_numpy(),
+            return pd.DataFrame({"start": df["ts"].to_numpy() - origin, "dur": df["dur"].to_numpy(),
                                  "name": df["name"].astype(str).to_numpy(), "cls": cls, "shapes": shapes,
                                  "detail": detail, "kind": kind, "rank": rk, "row": df.index.to_numpy()})
 
-        busy = k.groupby("stream")["dur"].sum().sort_values(ascending=False)
-        streams = list(busy.index[:1]) if multi else sorted(busy.index)
+        comm = (k["cls"] == "communication").to_numpy()
+        busy = k[~comm].groupby("stream")["dur"].sum().sort_values(ascending=False)
+        comm_busy = k[comm].groupby("stream")["dur"].sum().sort_values(ascending=False)
+        # several ranks: each rank's compute stream (most non-collective kernel time) and its
+        # busiest collective stream, so waits and overlap line up across ranks
+        streams = (list(dict.fromkeys([*busy.index[:1], *comm_busy.index[:1]])) if multi
+                   else sorted(set(k["stream"])))
         if not multi:
-            ops = inside(t.ops)
-            for tid in sorted(set(ops["tid"]).union(set(inside(t.runtime)["tid"]))):
+            pos = int(srow.index[0])  # events carry the step's position in ``steps``, not its number
+            ops = t.ops[t.ops["step"] == pos]
+            runtime = t.runtime[t.runtime["step"] == pos]
+            for tid in sorted(set(ops["tid"]).union(set(runtime["tid"]))):
                 mine = ops[ops["tid"] == tid]
                 for depth, label in ((0, "ops"), (1, "ops, level 2")):
                     o = mine[mine["depth"] == depth]
                     add(f"CPU thread {tid} · {label}", "host", pd.DataFrame({
-                        "start": o["ts"].to_numpy() - lo, "dur": o["dur"].to_numpy(),
+                        "start": o["ts"].to_numpy() - origin, "dur": o["dur"].to_numpy(),
                         "name": o["name"].astype(str).to_numpy(), "cls": "cpu_op",
                         "shapes": shapes_of_op[o.index.to_numpy()], "detail": "", "kind": "op", "rank": rk,
                         "row": o.index.to_numpy()}))
-                rt = inside(t.runtime)
-                rt = rt[rt["tid"] == tid]
+                rt = runtime[runtime["tid"] == tid]
                 add(f"CPU thread {tid} · runtime", "host", pd.DataFrame({
-                    "start": rt["ts"].to_numpy() - lo, "dur": rt["dur"].to_numpy(),
+                    "start": rt["ts"].to_numpy() - origin, "dur": rt["dur"].to_numpy(),
                     "name": rt["name"].astype(str).to_numpy(), "cls": "runtime", "shapes": "", "detail": "",
                     "kind": "runtime", "rank": rk, "row": rt.index.to_numpy()}))
         for s in streams:
@@ -231,7 +241,7 @@ def timeline(analysis: Analysis, max_items: int = 30000, claims_frame: pd.DataFr
         g = classify_gaps(r)
         g = g[g["step"] == step]
         add(f"{pre}GPU idle", "idle", pd.DataFrame({
-            "start": g["start"].to_numpy() - lo, "dur": g["dur"].to_numpy(),
+            "start": g["start"].to_numpy() - origin, "dur": g["dur"].to_numpy(),
             "name": "idle (" + g["cause"].astype(str) + ")", "cls": "idle", "shapes": "", "detail": "",
             "kind": "gap", "rank": rk, "row": g.index.to_numpy()}))
     if not parts:
@@ -268,7 +278,7 @@ def timeline(analysis: Analysis, max_items: int = 30000, claims_frame: pd.DataFr
 
     return {
         "step": step, "rank": first.trace.meta.rank, "ranks": [r.trace.meta.rank for r in ranks],
-        "window_us": window, "lanes": lanes, "total": total, "dropped": int(total - len(items)),
+        "window_us": window, "gpu_start_us": gpu_start, "lanes": lanes, "total": total, "dropped": int(total - len(items)),
         "items": {"lane": [int(x) for x in items["lane"]], "start": [round(float(x), 3) for x in items["start"]],
                   "dur": [round(float(x), 3) for x in items["dur"]], "name": intern(items["name"]),
                   "cls": [str(x) for x in items["cls"]], "shapes": intern(items["shapes"]),
