@@ -378,3 +378,66 @@ def operators(analysis: Analysis, top: int | None = 2000) -> pd.DataFrame:
     out["kernels"] = out["kernels"].astype(int)
     out = out.sort_values(["gpu_us", "host_us"], ascending=False, kind="stable", ignore_index=True)
     return out[OPERATOR_COLUMNS].head(top) if top else out[OPERATOR_COLUMNS]
+
+
+def memory(analysis: Analysis, max_points: int = 4000, top: int = 15) -> dict[str, Any]:
+    """GPU memory over the profiled steps from ``profile_memory=True`` events (the first rank
+    that has them): allocated and reserved bytes after each event (µs from the first step's
+    start, down-sampled to about ``max_points`` with the peak always kept), the peak and the
+    step it fell in, and the ops whose allocations add up to most (the innermost CPU op on the
+    allocating thread when it ran: bytes, count, largest one). Empty when no rank has them."""
+    for r in analysis.ranks:
+        t = r.trace
+        m = t.memory
+        m = m[(m["device_type"].to_numpy() == 1) & (m["step"].to_numpy() >= 0)]
+        if m.empty:
+            continue
+        m = m.sort_values("ts", kind="stable")
+        t0 = float(t.steps["start"].min()) if len(t.steps) else 0.0
+        t0 = min(t0, float(m["ts"].iloc[0]))
+        alloc = m["total_allocated"].to_numpy(dtype=float)
+        peak_i = int(np.nanargmax(alloc))
+        stride = max(1, len(m) // max_points)
+        keep = np.zeros(len(m), dtype=bool)
+        keep[::stride] = True
+        keep[[peak_i, len(m) - 1]] = True
+        owner = _owner_ops(t.ops, m)
+        allocs = m.assign(op=owner)[m["bytes"].to_numpy() > 0]
+        names = np.where(allocs["op"].to_numpy() >= 0,
+                         t.ops["name"].astype(str).to_numpy()[np.maximum(allocs["op"].to_numpy(), 0)]
+                         if len(t.ops) else "", "(no op)")
+        by = (allocs.assign(op_name=names).groupby("op_name")["bytes"].agg(["sum", "size", "max"])
+              .sort_values("sum", ascending=False).head(top))
+        steps = t.steps.reset_index(drop=True)
+        return {
+            "rank": t.meta.rank, "device": int(m["device"].iloc[0]), "events": int(len(m)),
+            "t_ms": [round((float(x) - t0) / 1000.0, 4) for x in m["ts"].to_numpy()[keep]],
+            "allocated": [float(x) for x in alloc[keep]],
+            "reserved": [float(x) for x in m["total_reserved"].to_numpy(dtype=float)[keep]],
+            "peak_bytes": float(alloc[peak_i]), "peak_t_ms": (float(m["ts"].iloc[peak_i]) - t0) / 1000.0,
+            "peak_step": int(steps["step"].iloc[int(m["step"].iloc[peak_i])]),
+            "reserved_peak_bytes": float(np.nanmax(m["total_reserved"].to_numpy(dtype=float))),
+            "steps": [{"step": int(s), "start_ms": (float(a) - t0) / 1000.0, "end_ms": (float(b) - t0) / 1000.0}
+                      for s, a, b in zip(steps["step"], steps["start"], steps["end"])],
+            "top_ops": [{"op": str(name), "bytes": float(row["sum"]), "count": int(row["size"]),
+                         "largest": float(row["max"])} for name, row in by.iterrows()],
+        }
+    return {}
+
+
+def _owner_ops(ops: pd.DataFrame, m: pd.DataFrame) -> np.ndarray:
+    """Row of the innermost op on each event's thread whose span holds its time, or -1: one
+    binary search per nesting level and thread (ops of one level on one thread never overlap)."""
+    out = np.full(len(m), -1, dtype=np.int64)
+    if ops.empty:
+        return out
+    ts, tids = m["ts"].to_numpy(), m["tid"].to_numpy()
+    for (tid, _depth), o in ops.sort_values("ts", kind="stable").groupby(["tid", "depth"], sort=True):
+        sel = np.flatnonzero(tids == tid)
+        if not len(sel):
+            continue
+        st, en = o["ts"].to_numpy(), o["end"].to_numpy()
+        i = np.searchsorted(st, ts[sel], side="right") - 1
+        inside = (i >= 0) & (en[np.maximum(i, 0)] > ts[sel])
+        out[sel[inside]] = o.index.to_numpy()[i[inside]]  # deeper levels come later and win
+    return out

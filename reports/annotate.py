@@ -118,7 +118,7 @@ def write_annotated(rank: dict[str, Any], out: Path, force: bool = False) -> int
     src = Path(rank["path"])
     if out.exists() and (out.resolve() == src.resolve() or out.samefile(src)):
         raise UsageError("is the input trace; annotate never overwrites it", str(out))
-    if out.exists() and not force:
+    if (out.exists() or out.is_symlink()) and not force:
         raise UsageError("exists; choose another -o path or pass --force to replace it", str(out))
     if out.is_dir():
         raise UsageError("is a folder; -o takes a file path", str(out))
@@ -146,6 +146,8 @@ def write_annotated(rank: dict[str, Any], out: Path, force: bool = False) -> int
                         z.write(body)
                 else:
                     f.write(body)
+                f.flush()
+                os.fsync(f.fileno())
             if force:
                 os.replace(tmp, out)
             else:
