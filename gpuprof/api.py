@@ -422,8 +422,21 @@ class Analysis:
                                                           "gpm_tensor_util_pct", "sm_clock_max_mhz", "power_limit_w")}
                       | {"t_s": (int(row["ts_ns"]) - t0) / 1e9} for row in keep.to_dict("records")]
         run = {k: self.run.get(k) for k in ("command", "torch", "cuda", "host", "exit_code", "world_size")}
-        detail: dict[str, Any] = _clean({"per_step": per_step, "roofs": roofs, "nvml_series": series, "run": run})
+        detail: dict[str, Any] = _clean({"per_step": per_step, "roofs": roofs, "nvml_series": series, "run": run,
+                                         **self.views_detail()})
         return detail
+
+    def views_detail(self, max_items: int = 12000, max_operators: int = 300) -> dict[str, Any]:
+        """The timeline of one step, the operators table and memory over the steps
+        (:mod:`gpuprof.views`), as plain data for the HTML report."""
+        from gpuprof import views
+
+        if not any(p.has_gpu for p in self.parts) and not len(self.ops):
+            return {"timeline": {}, "operators": [], "memory": {}}
+        c = views.claims(self)
+        return {"timeline": views.timeline(self, max_items=max_items, claims_frame=c),
+                "operators": views.operators(self, top=max_operators).to_dict("records"),
+                "memory": views.memory(self)}
 
     def to_html(self, path: str | Path | None = None) -> str:
         """The offline HTML report; written to ``path`` when given (which must not exist)."""
