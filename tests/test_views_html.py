@@ -120,3 +120,24 @@ def test_memory_view_from_profile_memory_events(tmp_path: Path) -> None:
 def test_no_memory_section_without_memory_events() -> None:
     html = gpuprof.analyze(SAMPLES / "gpt_fp32.json.gz").to_html()
     assert 'id="chart-memory"' not in html and 'id="chart-timeline"' in html and 'id="op-table"' in html
+
+
+@pytest.mark.parametrize("width", [60, 100, 170])
+def test_text_step_bars_and_operators_fit_the_width(width: int) -> None:
+    """Terminal: one bar per step (time by class, cells in proportion) and the top operators
+    beside the top kernels when wide, below them when not; no line past the width."""
+    from gpuprof.reports.text import BAR_CHARS
+
+    a = gpuprof.analyze(SAMPLES / "gpt_python_inline.json.gz")
+    text = a.to_text(width=width)
+    lines = text.splitlines()
+    bars = [ln for ln in lines if ln.startswith("  step ")]
+    assert len(bars) == len(a.per_step())
+    for ln, p in zip(bars, a.per_step()):
+        cells = ln.split()[2]
+        idle = cells.count(BAR_CHARS["idle"][0]) / len(cells)
+        assert idle == pytest.approx(p["idle"] / p["time_ms"], abs=2 / len(cells))
+    assert max(len(ln) for ln in lines if "Top operators" in ln or ln.startswith("  step ")) <= width
+    top = [ln for ln in lines if "Top operators" in ln]
+    assert len(top) == 1
+    assert ("Top kernels" in top[0]) == (width >= 150)  # side by side only when there is room
