@@ -264,11 +264,13 @@ def timeline(analysis: Analysis, max_items: int = 30000, claims_frame: pd.DataFr
         keep[longest] = True
     items = items[keep].reset_index(drop=True)
     key_items = key_items[keep].reset_index(drop=True)
-    pos = pd.Series(np.arange(len(items)), index=key_items.to_numpy())
+    where = pd.Series(np.arange(len(items)), index=key_items.to_numpy())
     findings: dict[str, list[int]] = {}
-    for fid, grp in (cl.assign(key=key_claims.to_numpy()).groupby("finding", sort=False)["key"] if len(cl) else []):
-        hit = pos.reindex(grp.to_numpy()).dropna()
-        findings[str(fid)] = [int(x) for x in hit.to_numpy()]
+    if len(cl):
+        keyed = cl.assign(key=key_claims.to_numpy())
+        for fid in pd.unique(keyed["finding"]):
+            hit = where.reindex(keyed.loc[keyed["finding"] == fid, "key"].to_numpy()).dropna()
+            findings[str(fid)] = [int(x) for x in hit.to_numpy()]
     strings: dict[str, int] = {}
 
     def intern(col: pd.Series) -> list[int]:
