@@ -677,6 +677,17 @@ def claim(rank: int, candidates: Sequence[Candidate], n_steps: int) -> list[Cont
     to "fuse the optimizer", not to "launch overhead"), then by ``priority_ms`` (a cross-rank
     finding's saving for the whole job) or else the finding's own saving per step on this rank,
     largest first. Units claimed with 0 µs are still taken from later findings."""
+    out = []
+    for c, kept in _assign(candidates, n_steps):
+        out.append(Contribution(id=c.id, category=c.category, title=c.title, confidence=c.confidence,
+                                recommendation=c.recommendation, evidence=c.evidence, rank=rank, generic=c.generic,
+                                informational=c.informational, units=len(c.units), kept_us=float(sum(kept.values())),
+                                total_us=float(sum(c.units.values()))))
+    return out
+
+
+def _assign(candidates: Sequence[Candidate], n_steps: int) -> list[tuple[Candidate, dict[Unit, float]]]:
+    """Each candidate in claim order with the units it keeps (see :func:`claim`)."""
     def key(c: Candidate) -> tuple[bool, float, str]:
         p = c.priority_ms if c.priority_ms is not None else sum(c.units.values()) / n_steps / 1000.0
         return (c.generic, -p, c.id)
@@ -686,10 +697,16 @@ def claim(rank: int, candidates: Sequence[Candidate], n_steps: int) -> list[Cont
     for c in sorted(candidates, key=key):
         kept = {u: v for u, v in c.units.items() if u not in claimed}
         claimed.update(kept)
-        out.append(Contribution(id=c.id, category=c.category, title=c.title, confidence=c.confidence,
-                                recommendation=c.recommendation, evidence=c.evidence, rank=rank, generic=c.generic,
-                                informational=c.informational, units=len(c.units), kept_us=float(sum(kept.values())),
-                                total_us=float(sum(c.units.values()))))
+        out.append((c, kept))
+    return out
+
+
+def claimed_units(candidates: Sequence[Candidate], n_steps: int) -> dict[str, dict[Unit, float]]:
+    """The units each finding keeps on one rank after claims, by finding id: exactly the time
+    :func:`claim` counts for it (what the report and annotated traces show a finding owns)."""
+    out: dict[str, dict[Unit, float]] = {}
+    for c, kept in _assign(candidates, n_steps):
+        out.setdefault(c.id, {}).update(kept)
     return out
 
 

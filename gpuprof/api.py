@@ -403,11 +403,7 @@ class Analysis:
     def detail(self, max_nvml_points: int = 4000) -> dict[str, Any]:
         """Plain data the HTML report draws beyond the JSON document: per-step time by class,
         the GPU's roofs, NVML series (down-sampled to ``max_nvml_points`` rows) and run facts."""
-        steps = self.steps
-        cols = [c for c in steps.columns if c.endswith("_us") and c != "time_us"]
-        per_step = [{"rank": int(r["rank"]), "step": int(r["step"]), "time_ms": float(r["time"]) / 1000.0,
-                     **{c[:-3]: float(r[c]) / 1000.0 for c in cols if pd.notna(r[c])}}
-                    for r in steps.to_dict("records") if pd.notna(r.get("time_us"))]
+        per_step = self.per_step()
         roofs = {}
         if self.spec is not None:
             roofs = {"hbm_gbps": self.spec.hbm_gbps, "peaks_tflops": dict(self.spec.peaks_tflops)}
@@ -422,8 +418,21 @@ class Analysis:
                                                           "gpm_tensor_util_pct", "sm_clock_max_mhz", "power_limit_w")}
                       | {"t_s": (int(row["ts_ns"]) - t0) / 1e9} for row in keep.to_dict("records")]
         run = {k: self.run.get(k) for k in ("command", "torch", "cuda", "host", "exit_code", "world_size")}
-        detail: dict[str, Any] = _clean({"per_step": per_step, "roofs": roofs, "nvml_series": series, "run": run})
+        detail: dict[str, Any] = _clean({"per_step": per_step, "roofs": roofs, "nvml_series": series, "run": run,
+                                         **self.views_detail()})
         return detail
+
+    def views_detail(self, max_items: int = 12000, max_operators: int = 300) -> dict[str, Any]:
+        """The timeline of one step, the operators table and memory over the steps
+        (:mod:`gpuprof.views`), as plain data for the HTML report."""
+        from gpuprof import views
+
+        if not any(p.has_gpu for p in self.parts) and not len(self.ops):
+            return {"timeline": {}, "operators": [], "memory": {}}
+        c = views.claims(self)
+        return {"timeline": views.timeline(self, max_items=max_items, claims_frame=c),
+                "operators": self.operators_table(max_operators),
+                "memory": views.memory(self)}
 
     def to_html(self, path: str | Path | None = None) -> str:
         """The offline HTML report; written to ``path`` when given (which must not exist)."""
@@ -445,8 +454,27 @@ class Analysis:
         """The terminal summary, wrapped to ``width`` columns (default 100)."""
         from gpuprof.reports.text import render_text
 
-        text: str = render_text(self.to_dict(), color=color, width=width)
+        ops = self.operators_table(5) if len(self.parts) == 1 or self.results is not None else []
+        text: str = render_text(self.to_dict(), color=color, width=width,
+                                views={"per_step": self.per_step(), "operators": ops})
         return text
+
+    def per_step(self) -> list[dict[str, Any]]:
+        """Per rank and step: its time and the ms of each class (what the step bars draw)."""
+        steps = self.steps
+        cols = [c for c in steps.columns if c.endswith("_us") and c != "time_us"]
+        out: list[dict[str, Any]] = _clean([
+            {"rank": int(r["rank"]), "step": int(r["step"]), "time_ms": float(r["time"]) / 1000.0,
+             **{c[:-3]: float(r[c]) / 1000.0 for c in cols if pd.notna(r[c])}}
+            for r in steps.to_dict("records") if pd.notna(r.get("time_us"))])
+        return out
+
+    def operators_table(self, top: int = 300) -> list[dict[str, Any]]:
+        """The heaviest CPU ops by GPU time (:func:`gpuprof.views.operators`), as records."""
+        from gpuprof import views
+
+        out: list[dict[str, Any]] = _clean(views.operators(self, top=top).to_dict("records"))
+        return out
 
 
 def _f(x: Any) -> float | None:

@@ -130,6 +130,7 @@ def main() -> None:
       report     analyse Kineto traces (a file, a folder of rank traces, or a run folder)
       diff       compare two runs: step time, MFU, time by class, findings, kernels
       calibrate  measure this GPU's real matmul and memory ceilings into a spec file
+      annotate   write the trace with gpuprof's findings added, for Perfetto / chrome://tracing
     """
 
 
@@ -152,16 +153,19 @@ def main() -> None:
 @click.option("--as-ranks", is_flag=True,
               help="Analyse the traces as ranks of one job even though they do not look like one "
                    "(no distributedInfo, different step counts...).")
+@click.option("--annotated", type=click.Path(path_type=Path), metavar="OUT.json.gz",
+              help="Also write the trace with gpuprof's results added (as `gpuprof annotate`).")
 def report(paths: tuple[Path, ...], fmt: str, output: Path | None, force: bool, gpu: str | None,
            gpu_spec: Path | None, step_ms: float | None, no_cache: bool, workers: int | None,
-           dask_address: str | None, as_ranks: bool) -> None:
+           dask_address: str | None, as_ranks: bool, annotated: Path | None) -> None:
     """Analyse traces and report step time, MFU, roofline classes and findings.
 
     PATHS are Kineto trace files (.json or .json.gz, as torch.profiler writes them), folders of
     per-rank traces, or run folders written by `gpuprof record`. Ctrl-C stops it (exit 130).
     """
     with _interruptible():
-        _report(paths, fmt, output, force, gpu, gpu_spec, step_ms, no_cache, workers, dask_address, as_ranks)
+        _report(paths, fmt, output, force, gpu, gpu_spec, step_ms, no_cache, workers, dask_address, as_ranks,
+                annotated)
 
 
 @contextlib.contextmanager
@@ -188,13 +192,15 @@ def _interruptible() -> Iterator[None]:
 
 def _report(paths: tuple[Path, ...], fmt: str, output: Path | None, force: bool, gpu: str | None,
             gpu_spec: Path | None, step_ms: float | None, no_cache: bool, workers: int | None,
-            dask_address: str | None, as_ranks: bool) -> None:
+            dask_address: str | None, as_ranks: bool, annotated: Path | None = None) -> None:
     try:
         if sys.stderr.isatty():
             click.echo(f"gpuprof: analysing {len(paths)} path(s)…", err=True)
         analysis = gpuprof.analyze(list(paths), gpu=gpu, gpu_spec=str(gpu_spec) if gpu_spec else None,
                                    step_ms=step_ms, cache=not no_cache, workers=workers, dask=dask_address,
                                    progress=_progress if sys.stderr.isatty() else None, as_ranks=as_ranks)
+        if annotated is not None:
+            _annotate(analysis, annotated, force)
         if fmt == "html":
             target = output or _fresh_path(Path("gpuprof-report.html"))
             _write_new(target, analysis.to_html(), force)
@@ -204,6 +210,49 @@ def _report(paths: tuple[Path, ...], fmt: str, output: Path | None, force: bool,
         _emit(analysis.to_json() if fmt == "json" else
               analysis.to_text(color=_color() and output is None, width=_width() if output is None else None),
               output, force)
+    except GpuprofError as e:
+        _fail(e)
+
+
+def _annotate(analysis: Any, out: Path, force: bool) -> None:
+    """One annotated trace per rank: ``out`` itself for one trace, else ``out`` is a folder
+    receiving ``rank{R}.json.gz``."""
+    from gpuprof.reports.annotate import write_annotated
+    from gpuprof.views import annotation_data
+
+    data = annotation_data(analysis)
+    if len(data) > 1:
+        if out.exists() and not out.is_dir():
+            raise UsageError("several ranks: --annotated/-o names a folder for rank{R}.json.gz", str(out))
+        targets = [out / f"rank{d['rank']}.json.gz" for d in data]
+    else:
+        targets = [out]
+    for d, target in zip(data, targets):
+        n = write_annotated(d, target, force)
+        click.echo(f"wrote {target} ({n} gpuprof events added)", err=True)
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, metavar="OUT.json.gz",
+              help="The annotated trace to write (several ranks: a folder for rank{R}.json.gz).")
+@click.option("--force", is_flag=True, help="Replace the -o file if it exists (never the input).")
+@click.option("--gpu", help="Analyse against this GPU's datasheet peaks.")
+@click.option("--gpu-spec", type=click.Path(path_type=Path), help="A spec file (from `gpuprof calibrate`).")
+@click.option("--step-ms", type=float, help="Step time measured WITHOUT the profiler.")
+@click.option("--no-cache", is_flag=True, help="Neither read nor write the caches.")
+def annotate(paths: tuple[Path, ...], output: Path, force: bool, gpu: str | None, gpu_spec: Path | None,
+             step_ms: float | None, no_cache: bool) -> None:
+    """Write the trace with gpuprof's results added, for Perfetto or chrome://tracing.
+
+    A "gpuprof" process gets one track per GPU stream with each kernel's roofline class, and one
+    track per finding (and stream) with the kernels, copies and idle gaps that finding claims,
+    named by its id and saving. The original events are kept unchanged.
+    """
+    try:
+        analysis = gpuprof.analyze(list(paths), gpu=gpu, gpu_spec=str(gpu_spec) if gpu_spec else None,
+                                   step_ms=step_ms, cache=not no_cache, keep_traces=True)
+        _annotate(analysis, output, force)
     except GpuprofError as e:
         _fail(e)
 

@@ -161,10 +161,79 @@ def render_html(doc: dict[str, Any], detail: dict[str, Any]) -> str:
     if summary.get("per_rank"):
         charts["ranks"] = _ranks_figure(summary["per_rank"])
     kernels = [{**k, "short": short_name(str(k["name"]), 64)} for k in doc["kernels"][:300]]  # ~460 px
+    timeline, claims = _timeline_figure(detail.get("timeline") or {})
+    if timeline:
+        charts["timeline"] = timeline
+    mem = _memory_figure(detail.get("memory") or {})
+    if mem:
+        charts["memory"] = mem
+    operators = [{**o, "short": short_name(str(o["name"]), 64)} for o in detail.get("operators") or []]
     return _ENV.get_template("report.html.j2").render(
         doc=doc, s=summary, step_ms=step, findings=findings, kernels=kernels, subject=subject(doc),
         more_kernels=max(0, len(doc["kernels"]) - 300), nvml=[{"id": f"nvml{i}", "title": n["title"]} for i, n in
                                                               enumerate(nvml)],
-        run=detail.get("run") or {}, charts_json=script_json(charts),
+        run=detail.get("run") or {}, charts_json=script_json(charts), claims_json=script_json(claims),
+        timeline=detail.get("timeline") or {}, claimed=set(claims), operators=operators,
+        memory=detail.get("memory") or {},
         plotly_js=plotly.offline.get_plotlyjs(), classes=CLASS_COLORS,
     )
+
+
+TIMELINE_COLORS = {**CLASS_COLORS, "cpu_op": "#4a5568", "runtime": "#38a169", "idle": "#cbd5e0"}
+
+
+def _timeline_figure(tl: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The step's lanes as horizontal bars, one trace per class (so the legend toggles classes),
+    and each finding's claimed items as the bars of the last, highlight trace."""
+    if not tl or not tl.get("lanes"):
+        return {}, {}
+    lanes = [_label(lane["name"], 60) for lane in tl["lanes"]]
+    it, strings = tl["items"], tl["strings"]
+    lane, start, dur, cls = it["lane"], it["start"], it["dur"], it["cls"]
+    texts = [f"{_label(strings[n], 120)}<br>{d / 1000:.3f} ms at {s / 1000:.3f} ms"
+             + (f"<br>{_label(strings[o], 80)}" if strings[o] else "")
+             + (f"<br>{_label(strings[sh], 140)}" if strings[sh] else "")
+             for n, d, s, o, sh in zip(it["name"], dur, start, it["detail"], it["shapes"])]
+    data: list[dict[str, Any]] = []
+    for c in dict.fromkeys(cls):
+        idx = [i for i, x in enumerate(cls) if x == c]
+        data.append({"type": "bar", "orientation": "h", "name": c, "y": [lanes[lane[i]] for i in idx],
+                     "base": [start[i] / 1000 for i in idx], "x": [max(dur[i], 1e-3) / 1000 for i in idx],
+                     "text": [texts[i] for i in idx], "hovertemplate": "%{text}<extra>" + c + "</extra>",
+                     "textposition": "none", "marker": {"color": TIMELINE_COLORS.get(c, "#718096")}, "width": 0.7})
+    claims = {fid: {"y": [lanes[lane[i]] for i in rows], "base": [start[i] / 1000 for i in rows],
+                    "x": [max(dur[i], 1e-3) / 1000 for i in rows], "text": [texts[i] for i in rows]}
+              for fid, rows in tl["findings"].items()}
+    data.append({"type": "bar", "orientation": "h", "name": "selected finding", "y": [], "base": [], "x": [],
+                 "text": [], "hovertemplate": "%{text}<extra>claimed</extra>", "textposition": "none", "width": 0.9,
+                 "marker": {"color": "rgba(229,62,62,0.55)", "line": {"color": "#c53030", "width": 2}}})
+    gpu0 = tl.get("gpu_start_us", 0.0) / 1000
+    layout = {"barmode": "overlay", "height": 140 + 34 * len(lanes), "bargap": 0.2,
+              "xaxis": {"title": {"text": "ms from the step's start"}, "zeroline": False},
+              "yaxis": {"categoryorder": "array", "categoryarray": list(reversed(lanes)), "automargin": True},
+              "margin": {"l": 10, "r": 20, "t": 40, "b": 40}, "hovermode": "closest",
+              "legend": {"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom"},
+              "shapes": [{"type": "line", "x0": gpu0, "x1": gpu0, "yref": "paper", "y0": 0, "y1": 1,
+                          "line": {"dash": "dot", "width": 1, "color": "#718096"}}] if gpu0 > 0 else []}
+    return {"data": data, "layout": layout}, claims
+
+
+def _memory_figure(m: dict[str, Any]) -> dict[str, Any]:
+    if not m:
+        return {}
+    gb = 1e9
+    data = [{"type": "scatter", "mode": "lines", "name": "allocated", "x": m["t_ms"],
+             "y": [v / gb for v in m["allocated"]], "line": {"shape": "hv", "color": "#2b6cb0"},
+             "hovertemplate": "%{y:.3f} GB allocated at %{x:.2f} ms<extra></extra>"},
+            {"type": "scatter", "mode": "lines", "name": "reserved", "x": m["t_ms"],
+             "y": [v / gb for v in m["reserved"]], "line": {"shape": "hv", "color": "#a0aec0", "dash": "dot"},
+             "hovertemplate": "%{y:.3f} GB reserved at %{x:.2f} ms<extra></extra>"}]
+    shapes = [{"type": "rect", "xref": "x", "yref": "paper", "x0": s["start_ms"], "x1": s["end_ms"], "y0": 0, "y1": 1,
+               "fillcolor": "#edf2f7" if i % 2 else "#f7fafc", "line": {"width": 0}, "layer": "below"}
+              for i, s in enumerate(m["steps"])]
+    notes = [{"x": m["peak_t_ms"], "y": m["peak_bytes"] / gb, "text": f"peak {m['peak_bytes'] / gb:.3f} GB",
+              "showarrow": True, "arrowhead": 2}]
+    return {"data": data, "layout": {"height": 320, "shapes": shapes, "annotations": notes,
+                                     "xaxis": {"title": {"text": "ms from the first profiled step"}},
+                                     "yaxis": {"title": {"text": "GB"}, "rangemode": "tozero"},
+                                     "margin": {"l": 60, "r": 20, "t": 10, "b": 40}, "legend": {"orientation": "h"}}}

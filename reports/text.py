@@ -63,10 +63,71 @@ def _step_line(s: dict[str, Any], bold: Any) -> str:
     return f"step time {bold(traced)} traced (without the profiler: unknown)"
 
 
-def render_text(doc: dict[str, Any], color: bool = False, top: int = 10, width: int | None = None) -> str:
+#: One cell per class in the step bars: distinct characters without colour, coloured blocks with it
+#: (ANSI 256-colour codes near the HTML report's class colours).
+BAR_CHARS = {"compute": ("#", 25), "memory": ("=", 166), "latency": ("~", 178), "unknown": ("?", 248),
+             "communication": ("c", 160), "memcpy": ("m", 97), "idle": (".", 254)}
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _visible(s: str) -> int:
+    return len(_ANSI.sub("", s))
+
+
+def _bar(step: dict[str, Any], cells: int, color: bool) -> str:
+    """``cells`` characters split over the step's classes by largest remainder (so they add up)."""
+    t = step.get("time_ms") or 0.0
+    shares = [(c, (step.get(c) or 0.0) / t * cells if t > 0 else 0.0) for c in BAR_CHARS]
+    n = {c: int(x) for c, x in shares}
+    for c, _ in sorted(shares, key=lambda cx: -(cx[1] - int(cx[1])))[: max(0, cells - sum(n.values()))]:
+        n[c] += 1
+    if color:
+        return "".join(f"\x1b[38;5;{BAR_CHARS[c][1]}m" + "\u2588" * n[c] for c in BAR_CHARS if n[c]) + "\x1b[0m"
+    return "".join(BAR_CHARS[c][0] * n[c] for c in BAR_CHARS)
+
+
+def step_bars(per_step: list[dict[str, Any]], width: int, color: bool = False, most: int = 8) -> list[str]:
+    """One bar per step (at most ``most``, ranks labelled when several), time by class."""
+    if not per_step:
+        return []
+    ranks = len({p["rank"] for p in per_step}) > 1
+    rows = per_step[:most]
+    labels = [(f"r{p['rank']} " if ranks else "") + f"step {p['step']}" for p in rows]
+    lw = max(len(x) for x in labels)
+    cells = max(10, width - lw - 16)
+    out = [f"  {lab:<{lw}} {_bar(p, cells, color)} {p['time_ms']:8.2f} ms" for lab, p in zip(labels, rows)]
+    if len(per_step) > most:
+        out.append(f"  … {len(per_step) - most} more steps")
+    keys = [(f"\x1b[38;5;{code}m\u2588\x1b[0m" if color else ch) + f" {c}" for c, (ch, code) in BAR_CHARS.items()]
+    line = " "
+    for k in keys:  # the legend wrapped to the width (by visible characters: colour codes take none)
+        if _visible(line) + 2 + _visible(k) > width and line.strip():
+            out.append(line)
+            line = " "
+        line += " " + k + " "
+    return out + [line.rstrip()]
+
+
+def _operator_lines(ops: list[dict[str, Any]], steps: int, width: int) -> list[str]:
+    from gpuprof.reports.names import short_name
+
+    head = f"  {'GPU ms':>8} {'host ms':>8} {'count':>6}  "
+    room = max(12, width - len(head))
+    out = [head + "operator"]
+    for o in ops:
+        n = max(steps, 1)
+        out.append(f"  {(o.get('gpu_us') or 0) / 1000 / n:8.3f} {(o.get('host_self_us') or o.get('host_us') or 0) / 1000 / n:8.3f} "
+                   f"{o['count']:6d}  {_safe(short_name(str(o['name']), room))}")
+    return out
+
+
+def render_text(doc: dict[str, Any], color: bool = False, top: int = 10, width: int | None = None,
+                views: dict[str, Any] | None = None) -> str:
     """The terminal summary of a JSON report document, wrapped to ``width`` columns (100 when
-    not given): header, step time with and without the profiler, MFU, time by class, the fixes
-    with saving and confidence and how they are ranked, notes, and the top kernels per step."""
+    not given): header, step time with and without the profiler, MFU, time by class (and, with
+    ``views``, one bar per step), the fixes with saving and confidence and how they are ranked,
+    notes, and the top kernels per step, beside the top operators (``views['operators']``)
+    when the terminal is wide enough, else below them."""
     from gpuprof.reports.names import short_name
 
     w = width or 100
@@ -91,6 +152,7 @@ def render_text(doc: dict[str, Any], color: bool = False, top: int = 10, width: 
     b = s["breakdown_pct"]
     parts = [f"{k} {v:.1f}%" for k, v in sorted(b.items(), key=lambda kv: -(kv[1] or 0)) if v and v >= 0.05]
     lines += _wrap("time: " + ", ".join(parts), w, "", "      ")
+    lines += step_bars((views or {}).get("per_step") or [], w, color)
     for warning in doc.get("warnings", []):
         lines += [dim(x) for x in _wrap(_safe(warning), w, "note: ", "      ")]
 
@@ -125,8 +187,26 @@ def render_text(doc: dict[str, Any], color: bool = False, top: int = 10, width: 
             lines += [dim(x) for x in _wrap(f"{_safe(f['title'])} (~{f['estimated_savings_ms']:.3f} ms/step)",
                                             w, "  - ", "    ")]
 
-    lines.append("")
-    lines.append(bold("Top kernels") + " (per step)")
+    ops = (views or {}).get("operators") or []
+    side = bool(ops) and w >= 150  # room for both tables side by side
+    kw = w // 2 - 1 if side else w
+    tail = _kernel_lines(doc, top, kw, bold, dim)
+    if ops:
+        op_lines = [bold("Top operators") + " (per step; host = self time)"] + _operator_lines(ops, s["steps"], w - kw - 2
+                                                                                            if side else w)
+        if side:
+            tail = [a + " " * max(0, kw - _visible(a)) + "  " + b
+                    for a, b in zip(tail + [""] * (len(op_lines) - len(tail)), op_lines + [""] * (len(tail) - len(op_lines)))]
+        else:
+            tail += [""] + op_lines
+    lines += [""] + [ln.rstrip() for ln in tail]
+    return "\n".join(lines) + "\n"
+
+
+def _kernel_lines(doc: dict[str, Any], top: int, w: int, bold: Any, dim: Any) -> list[str]:
+    from gpuprof.reports.names import short_name
+
+    lines = [bold("Top kernels") + " (per step)"]
     rates = w >= 80  # a narrow terminal keeps the name readable rather than the achieved rates
     head = f"  {'ms/step':>8} {'count':>6} {'bound':>8} {'roof%':>6} " + (f"{'TFLOP/s':>8} {'GB/s':>7}  " if rates else " ")
     lines.append(head + "name")
@@ -138,4 +218,4 @@ def render_text(doc: dict[str, Any], color: bool = False, top: int = 10, width: 
                      f"{rate}{_safe(short_name(str(k['name']), room))}")
     if any(k.get("cost_model_error") for k in doc.get("kernels", [])[:top]):
         lines.append(dim("  !: some instances ran above their roofline, a cost-model error left out of roof% (see note)"))
-    return "\n".join(lines) + "\n"
+    return lines

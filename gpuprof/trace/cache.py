@@ -43,8 +43,8 @@ import pyarrow as pa
 import gpuprof
 from gpuprof.trace.model import RankTrace, TraceMeta
 
-FORMAT = 5  # 5: runtime kind/op, kernels in_graph/name_class, meta graph counts (issue 10), python frames
-FRAMES = ("kernels", "memcpys", "ops", "runtime", "annotations", "steps", "collectives", "python")
+FORMAT = 6  # 5: runtime kind/op, kernels in_graph/name_class, meta graph counts (issue 10), python frames; 6: memory
+FRAMES = ("kernels", "memcpys", "ops", "runtime", "annotations", "steps", "collectives", "python", "memory")
 MARKER = "CACHEDIR.TAG"
 _MARKER_TEXT = ("Signature: 8a477f597d28d172789f06886806bc55\n"
                 "# This folder is a gpuprof cache (frames/, results/); gpuprof deletes only what it wrote there.\n")

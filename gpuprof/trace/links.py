@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpuprof.trace.model import RankTrace, TraceMeta
+from gpuprof.trace.model import RankTrace, TraceMeta, empty_memory
 from gpuprof.trace.names import call_kinds
 
 _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -248,7 +248,8 @@ def _gpu_times(steps: pd.DataFrame, kernels: pd.DataFrame, memcpys: pd.DataFrame
 
 
 def attach_links(kernels: pd.DataFrame, memcpys: pd.DataFrame, ops: pd.DataFrame, runtime: pd.DataFrame,
-                 annotations: pd.DataFrame, meta_kwargs: dict[str, Any], warnings: list[str]) -> RankTrace:
+                 annotations: pd.DataFrame, meta_kwargs: dict[str, Any], warnings: list[str],
+                 memory: pd.DataFrame | None = None) -> RankTrace:
     depth, parent = nest(ops)
     ops["depth"], ops["parent"] = depth, parent
     runtime["kind"] = pd.Categorical(call_kinds(runtime["name"]))
@@ -262,7 +263,8 @@ def attach_links(kernels: pd.DataFrame, memcpys: pd.DataFrame, ops: pd.DataFrame
     elif source == "optimizer" and len(steps) >= FIRST_WINDOW_DROPPED_FROM - 1:
         warnings.append("steps are the windows between optimizer steps (no ProfilerStep annotations); the one "
                         "before the first optimizer step (set-up, warm-up) is left out")
-    for frame, col in ((ops, "ts"), (runtime, "ts")):
+    memory = empty_memory() if memory is None else memory
+    for frame, col in ((ops, "ts"), (runtime, "ts"), (memory, "ts")):
         frame["step"] = _assign(frame[col].to_numpy(), steps)
     for frame in (kernels, memcpys):
         # GPU-annotation windows hold the GPU work itself; CPU windows hold its launch calls.
@@ -285,4 +287,4 @@ def attach_links(kernels: pd.DataFrame, memcpys: pd.DataFrame, ops: pd.DataFrame
                      cpu_events=len(ops) + int((~annotations["on_gpu"].to_numpy(dtype=bool)).sum()),
                      runtime_calls=len(runtime), **meta_kwargs)
     return RankTrace(meta=meta, kernels=kernels, memcpys=memcpys, ops=ops, runtime=runtime,
-                     annotations=annotations, steps=steps, collectives=collectives)
+                     annotations=annotations, steps=steps, collectives=collectives, memory=memory)

@@ -59,6 +59,12 @@ class _Args(msgspec.Struct, omit_defaults=True):
     pg_name: Any = msgspec.field(default=None, name="Process Group Name")
     pg_id: Any = msgspec.field(default=None, name="Process Group ID")
     name: Any = None
+    # [memory] instants (profile_memory=True): the allocation's size (negative: freed) and totals after it
+    alloc_bytes: Any = msgspec.field(default=None, name="Bytes")
+    total_allocated: Any = msgspec.field(default=None, name="Total Allocated")
+    total_reserved: Any = msgspec.field(default=None, name="Total Reserved")
+    device_id: Any = msgspec.field(default=None, name="Device Id")
+    device_type: Any = msgspec.field(default=None, name="Device Type")
 
 
 class _Event(msgspec.Struct):
@@ -405,6 +411,16 @@ def _python_cols(evs: list[_Event], names: dict[str, int]) -> dict[str, Any]:
     return cols
 
 
+def _memory_cols(evs: list[_Event]) -> dict[str, np.ndarray]:
+    a = _args(evs)
+    return {
+        "ts": _num(_col(evs, "ts")), "bytes": _num(_col(a, "alloc_bytes")),
+        "total_allocated": _num(_col(a, "total_allocated")), "total_reserved": _num(_col(a, "total_reserved")),
+        "device": _num(_col(a, "device_id"), "int64"), "device_type": _num(_col(a, "device_type"), "int64"),
+        "pid": _num(_col(evs, "pid"), "int64"), "tid": _num(_col(evs, "tid"), "int64"),
+    }
+
+
 #: Columns stored as categoricals, per bucket (besides ``name``).
 _CATEGORICAL = {"kernels": ("collective", "coll_dtype", "process_group"), "runtime": ("api",)}
 
@@ -536,10 +552,12 @@ def _load(p: Path, fallback_rank: int, source: list[bytes] | None = None) -> Ran
     chunks: dict[str, list[dict[str, Any]]] = {b: [] for b in set(_BUCKETS.values())}
     names: dict[str, dict[str, int]] = {b: {} for b in chunks}  # per bucket: name -> code
     seen: dict[bytes, bytes | None] = {}
+    memory: list[dict[str, np.ndarray]] = []  # [memory] instants, not a bucket: they have no name or duration
     get = _BUCKETS.get
     for i in range(0, n_events, CHUNK_EVENTS):
         evs = _decode(p, b"[" + b",".join(events[i:i + CHUNK_EVENTS]) + b"]", _CHUNK_DECODER)
         buckets: dict[str, list[_Event]] = {b: [] for b in chunks}
+        mem: list[_Event] = []
         for e in evs:
             if e.ph == "X":
                 b = get(e.cat) if e.cat.__class__ is str else None
@@ -547,6 +565,10 @@ def _load(p: Path, fallback_rank: int, source: list[bytes] | None = None) -> Ran
                     b = "annotations"
                 if b is not None:
                     buckets[b].append(e)
+            elif e.ph == "i" and e.name == "[memory]":
+                mem.append(e)
+        if mem:
+            memory.append(_memory_cols(mem))
         for b, bevs in buckets.items():
             if bevs:
                 chunks[b].append(_op_cols(bevs, names[b], seen) if b == "ops" else _BUILDERS[b](bevs, names[b]))
@@ -582,6 +604,9 @@ def _load(p: Path, fallback_rank: int, source: list[bytes] | None = None) -> Ran
     runtime = _frame(chunks["runtime"], "runtime", first_ts, names["runtime"])
     annotations = _frame(chunks["annotations"], "annotations", first_ts, names["annotations"])
     python = _frame(chunks["python"], "python", first_ts, names["python"])
+    mem_cols = {c: np.concatenate([m[c] for m in memory]) for c in memory[0]} if memory else _memory_cols([])
+    mem_cols["ts"] = mem_cols["ts"] - first_ts
+    mem_frame = pd.DataFrame(mem_cols)
 
     warnings: list[str] = []
     if cut:
@@ -613,5 +638,5 @@ def _load(p: Path, fallback_rank: int, source: list[bytes] | None = None) -> Ran
         record_shapes=(bool(doc.record_shapes) and has_dims) or has_shapes, with_stack=bool(doc.with_stack),
         events=n_events,
     )
-    trace = attach_links(kernels, memcpys, ops, runtime, annotations, meta_kwargs, warnings)
+    trace = attach_links(kernels, memcpys, ops, runtime, annotations, meta_kwargs, warnings, memory=mem_frame)
     return dataclasses.replace(trace, python=python)

@@ -44,6 +44,10 @@ steps
 python
     name (category: ``file.py(line): function`` or ``<built-in method ...>``), ts, dur, end, tid:
     the ``python_function`` events of a ``with_stack=True`` trace (empty without stacks).
+memory
+    the ``[memory]`` instants of ``profile_memory=True`` (empty without): ts, bytes (allocated,
+    negative when freed), total_allocated and total_reserved (bytes on that device after the
+    event), device (-1 for the CPU), device_type (0 CPU, 1 CUDA), pid, tid, step.
 collectives
     kernel (row of ``kernels``), name, collective, dtype, in_nelems, out_nelems, group_size,
     process_group, ts, dur, step.
@@ -105,7 +109,17 @@ class RankTrace:
     collectives: pd.DataFrame
     python: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(
         {"name": pd.Categorical([]), "ts": [], "dur": [], "end": [], "tid": pd.Series([], dtype="int64")}))
+    memory: pd.DataFrame = field(default_factory=lambda: empty_memory())
 
     @property
     def has_gpu(self) -> bool:
         return len(self.kernels) + len(self.memcpys) > 0
+
+
+def empty_memory() -> pd.DataFrame:
+    """The ``memory`` frame of a trace without ``[memory]`` events."""
+    return pd.DataFrame({"ts": pd.Series(dtype="float64"), "bytes": pd.Series(dtype="float64"),
+                         "total_allocated": pd.Series(dtype="float64"), "total_reserved": pd.Series(dtype="float64"),
+                         "device": pd.Series(dtype="int64"), "device_type": pd.Series(dtype="int64"),
+                         "pid": pd.Series(dtype="int64"), "tid": pd.Series(dtype="int64"),
+                         "step": pd.Series(dtype="int64")})

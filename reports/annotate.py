@@ -1,0 +1,164 @@
+"""Annotated traces: the same Kineto trace with gpuprof's results as events Perfetto and
+chrome://tracing show in place, on a process of its own named "gpuprof".
+
+Formats :func:`gpuprof.views.annotation_data` and computes nothing new. The tracks are:
+
+* ``roofline class · stream S``: one span per kernel of stream S, named by its class (compute,
+  memory, latency, unknown, communication), with the bound, % of roofline, TFLOP/s and GB/s as args;
+* ``#N <finding id> · stream S`` (or ``· idle gaps``): one span per kernel, copy or idle gap
+  the finding claims, named by the finding's id and its saving per step, with the title, the
+  item and the µs it counts there as args.
+
+Items of one stream never overlap, so each track holds properly nested (flat) spans. The
+original events are written back byte for byte (each decoded as raw JSON and re-emitted), so
+every tool that read the trace reads it the same way; the new events use category ``gpuprof``,
+which Kineto readers (HTA, gpuprof's loader) do not bucket as CPU or GPU activity.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+
+CATEGORY = "gpuprof"
+_CLASS_TID = 1  # roofline-class tracks are tids 1..; findings' tracks start at _FINDING_TID
+_FINDING_TID = 1000
+
+
+class _Top(msgspec.Struct):
+    traceEvents: list[msgspec.Raw] = []
+    baseTimeNanoseconds: Any = None
+
+
+def origin_us(t0_epoch_ns: int, base_ns: int | None) -> float:
+    """What to add to a gpuprof time (µs since the rank's origin) to get the file's ``ts``."""
+    return (t0_epoch_ns - base_ns) / 1000.0 if base_ns is not None else t0_epoch_ns / 1000.0
+
+
+def _pid(events: list[msgspec.Raw]) -> int:
+    """A pid no event of the trace uses (Kineto pids are process ids, or device ids for GPUs)."""
+    class _Pid(msgspec.Struct):
+        pid: Any = None
+
+    pids = msgspec.json.decode(b"[" + b",".join(events) + b"]", type=list[_Pid]) if events else []
+    used = [p.pid for p in pids if isinstance(p.pid, int)]
+    return max(used, default=0) + 1
+
+
+def _meta(pid: int, tid: int | None, name: str, value: Any) -> dict[str, Any]:
+    ev: dict[str, Any] = {"ph": "M", "name": name, "pid": pid, "args": {"name" if "name" in name else "sort_index": value}}
+    if tid is not None:
+        ev["tid"] = tid
+    return ev
+
+
+def _r(x: np.ndarray) -> list[float]:
+    return [float(v) for v in np.round(x, 3)]
+
+
+def annotation_events(rank: dict[str, Any], origin: float, pid: int) -> list[dict[str, Any]]:
+    """The events added to one rank's trace (see the module docstring)."""
+    out: list[dict[str, Any]] = [_meta(pid, None, "process_name", "gpuprof"),
+                                 _meta(pid, None, "process_sort_index", -1),
+                                 {"ph": "M", "name": "process_labels", "pid": pid,
+                                  "args": {"labels": "roofline classes and findings' claims"}}]
+    k = rank["kernels"]
+    streams = sorted({(int(d), int(s)) for d, s in zip(k["device"].to_numpy(), k["stream"].to_numpy())})
+    for i, (dev, stream) in enumerate(streams):
+        tid = _CLASS_TID + i
+        out += [_meta(pid, tid, "thread_name", f"roofline class · GPU {dev} stream {stream}"),
+                _meta(pid, tid, "thread_sort_index", tid)]
+        sel = k[(k["device"] == dev) & (k["stream"] == stream)]
+        ts, dur = _r(sel["ts"].to_numpy() + origin), _r(sel["dur"].to_numpy())
+        pct, tf, gb = (sel[c].to_numpy(dtype=float) for c in ("roofline_pct", "achieved_tflops", "achieved_gbps"))
+        for j, cls in enumerate(sel["cls"].astype(str).to_numpy()):
+            args: dict[str, Any] = {"bound": cls}
+            for key, v in (("roofline_pct", pct[j]), ("achieved_tflops", tf[j]), ("achieved_gbps", gb[j])):
+                if np.isfinite(v):
+                    args[key] = round(float(v), 2)
+            out.append({"ph": "X", "cat": CATEGORY, "name": cls, "pid": pid, "tid": tid, "ts": ts[j], "dur": dur[j],
+                        "args": args})
+    c = rank["claims"]
+    tid = _FINDING_TID
+    for f in rank["findings"]:
+        mine = c[c["finding"] == f["id"]]
+        label = f"{f['id']} · saves {f['saving_ms']:.2f} ms/step"
+        for stream in sorted(set(mine["stream"].astype(int))):
+            sel = mine[mine["stream"] == stream]
+            where = "idle gaps" if stream < 0 else f"stream {stream}"
+            out += [_meta(pid, tid, "thread_name", f"#{f['order']} {f['id']} · {where}"),
+                    _meta(pid, tid, "thread_sort_index", tid)]
+            ts = _r(sel["ts"].to_numpy() + origin)
+            dur = _r(sel["end"].to_numpy() - sel["ts"].to_numpy())
+            saved = _r(sel["saved_us"].to_numpy())
+            for j, (kind, name) in enumerate(zip(sel["kind"].to_numpy(), sel["name"].to_numpy())):
+                out.append({"ph": "X", "cat": CATEGORY, "name": label, "pid": pid, "tid": tid, "ts": ts[j],
+                            "dur": dur[j], "args": {
+                                "finding": f["id"], "title": f["title"], "rank_in_report": f["order"],
+                                "saving_ms_per_step": round(float(f["saving_ms"]), 4),
+                                "saving_pct": round(float(f["saving_pct"]), 2), "confidence": f["confidence"],
+                                "item": str(kind), "item_name": str(name), "counted_us": saved[j]}})
+            tid += 1
+    return out
+
+
+def write_annotated(rank: dict[str, Any], out: Path, force: bool = False) -> int:
+    """Write ``rank['path']``'s trace with the annotation events to ``out`` (gzip when it ends in
+    ``.gz``): atomically (a temporary file in the same folder, then a rename or link), never
+    over the input, and never over an existing file unless ``force``. Returns events added."""
+    from gpuprof.errors import UsageError
+    from gpuprof.trace.load import read_bytes
+
+    src = Path(rank["path"])
+    if out.exists() and (out.resolve() == src.resolve() or out.samefile(src)):
+        raise UsageError("is the input trace; annotate never overwrites it", str(out))
+    if (out.exists() or out.is_symlink()) and not force:
+        raise UsageError("exists; choose another -o path or pass --force to replace it", str(out))
+    if out.is_dir():
+        raise UsageError("is a folder; -o takes a file path", str(out))
+    data = read_bytes(src)
+    top = msgspec.json.decode(data, type=_Top)
+    doc = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
+    origin = origin_us(int(rank["t0_epoch_ns"]), top.baseTimeNanoseconds
+                       if isinstance(top.baseTimeNanoseconds, int) else None)
+    added = annotation_events(rank, origin, _pid(top.traceEvents))
+    enc = msgspec.json.Encoder()
+    events = b"[" + b",".join([*top.traceEvents, *(enc.encode(e) for e in added)]) + b"]"
+    doc["traceEvents"] = msgspec.Raw(events)
+    body = enc.encode(doc)
+    del data, top, events
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+        try:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # a normal file's mode, not mkstemp's private 0600
+            with os.fdopen(fd, "wb") as f:
+                if out.name.endswith(".gz"):
+                    with gzip.GzipFile(fileobj=f, mode="wb", compresslevel=6, mtime=0) as z:
+                        z.write(body)
+                else:
+                    f.write(body)
+                f.flush()
+                os.fsync(f.fileno())
+            if force:
+                os.replace(tmp, out)
+            else:
+                os.link(tmp, out)  # fails if ``out`` appeared meanwhile: never replaced silently
+                os.unlink(tmp)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+    except FileExistsError:
+        raise UsageError("exists; choose another -o path or pass --force to replace it", str(out)) from None
+    except OSError as e:
+        raise UsageError(f"cannot write ({e.strerror})", str(out)) from None
+    return len(added)
