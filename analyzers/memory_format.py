@@ -81,12 +81,16 @@ def nchw_parts(v: RankView) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     return k[(fam == "layout").to_numpy()], k[sens & ~cl & memoryish], k[sens & cl & memoryish]
 
 
-def nchw_savings(v: RankView, ratios: Ratios | None = None) -> tuple[pd.DataFrame, np.ndarray, float, str]:
+def nchw_savings(v: RankView, ratios: Ratios | None = None, vendor: str = "nvidia"
+                 ) -> tuple[pd.DataFrame, np.ndarray, float, str]:
     """Kernels channels-last would remove or speed up, the µs each would save, what the NCHW
     kernels would save more at their roofline (reported, not claimed), and how they were priced.
-    ``ratios`` defaults to the shipped layout table (:func:`layout_ratios`)."""
+    ``ratios`` defaults to the shipped layout table (:func:`layout_ratios`), which was measured on
+    an NVIDIA GPU with PyTorch's CUDA batch-norm kernels: it is not applied to other vendors'
+    GPUs (ROCm's MIOpen batch norm is another implementation), where the kernels stay unclaimed."""
     xf, slow, fast = nchw_parts(v)
-    ratios = layout_ratios() if ratios is None else ratios
+    if ratios is None:
+        ratios = layout_ratios() if vendor == "nvidia" else None
     dur = slow["dur"].to_numpy(dtype=float)
     t_roof = slow["t_roof_us"].to_numpy(dtype=float)
     roof = np.isfinite(t_roof) & (t_roof > 0)
@@ -118,7 +122,7 @@ def run(analysis: Analysis) -> list[Candidate]:
         xf, slow, _ = nchw_parts(v)
         if xf.empty and slow.empty:
             continue
-        rows, saved, at_roof, how = nchw_savings(v)
+        rows, saved, at_roof, how = nchw_savings(v, vendor=analysis.spec.vendor if analysis.spec else "")
         units = v.kernel_units(rows.index, saved)
         units.update(v.inner_gap_units(xf.index))
         per_step = sum(units.values()) / v.n_steps
