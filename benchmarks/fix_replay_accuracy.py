@@ -1,0 +1,70 @@
+"""Findings priced by replay (gpuprof.replay.fixes) vs their own arithmetic vs the realised saving.
+
+For every defect/fixed pair with realised savings (sample_traces/h200/pairs.json and
+depth_pairs.json, timings in timings/): analyse the bad trace with its unprofiled step time, take
+the first finding of the pair's category, and read its analyzer's estimate (replay switched off
+as the estimate: ``REPLAY_USED`` emptied) and its replayed saving (``replay_before_ms −
+replay_after_ms`` in its evidence). ``REPLAY_USED`` in gpuprof/replay/fixes.py lists the
+categories where replay was at least as close on every pair of that category.
+
+    python -m benchmarks.fix_replay_accuracy
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import gpuprof
+from benchmarks.pairs import H200, pairs, step_ms, trace_path
+from gpuprof.replay import fixes
+
+
+def all_pairs() -> list[tuple[str, str, str]]:
+    """(category, bad, good) of every pair with a realised saving and timings for both."""
+    out = [(c, b, g) for c, b, g, real in pairs() if real]
+    depth = json.loads((H200 / "depth_pairs.json").read_text())["pairs"]
+    out += [(p["expect"], p["bad"], p["good"]) for p in depth if p.get("expect")]
+    return [(c, b, g) for c, b, g in out
+            if all((H200 / "timings" / f"{n}.json").is_file() or (H200 / "timings" / f"{n}_rank0.json").is_file()
+                   for n in (b, g))]
+
+
+def evaluate() -> list[dict[str, Any]]:
+    used = fixes.REPLAY_USED
+    fixes.REPLAY_USED = frozenset()  # the analyzers' own estimates, with the replay in the evidence
+    try:
+        rows = []
+        for cat, bad, good in all_pairs():
+            a = gpuprof.analyze(trace_path(bad), step_ms=step_ms(bad), cache=False)
+            f = next((x for x in a.findings if x.category == cat), None)
+            ev = f.evidence if f else {}
+            before, after = ev.get("replay_before_ms"), ev.get("replay_after_ms")
+            realised = step_ms(bad) - step_ms(good)
+            rows.append({"category": cat, "bad": bad, "good": good, "realised_ms": realised,
+                         "today_ms": f.estimated_savings_ms if f else 0.0,
+                         "replay_ms": (before - after) if before is not None and after is not None else None,
+                         "why_not": ev.get("replay_not_used") if before is None else None})
+        return rows
+    finally:
+        fixes.REPLAY_USED = used
+
+
+def _err(x: float | None, real: float) -> str:
+    return "–" if x is None or abs(real) < 1e-9 else f"{100 * (x - real) / real:+.0f}%"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    out = ["| category | bad → good | realised ms | today's estimate (error) | replayed (error) | closer |",
+           "|---|---|---|---|---|---|"]
+    for r in rows:
+        real, today, rep = r["realised_ms"], r["today_ms"], r["replay_ms"]
+        closer = "–" if rep is None else ("replay" if abs(rep - real) <= abs(today - real) else "today")
+        rs = "not replayed" if rep is None else f"{rep:.2f} ({_err(rep, real)})"
+        out.append(f"| {r['category']} | {r['bad']} → {r['good']} | {real:.2f} | {today:.2f} ({_err(today, real)}) "
+                   f"| {rs} | {closer} |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(table(evaluate()))
