@@ -66,5 +66,23 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def by_category(rows: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """Per category with a replayed pair: (Σ |today − realised|, Σ |replayed − realised|) in ms
+    over its pairs (a pair without the finding counts 0 saved for both)."""
+    out: dict[str, tuple[float, float]] = {}
+    for cat in dict.fromkeys(r["category"] for r in rows):
+        rs = [r for r in rows if r["category"] == cat]
+        if all(r["replay_ms"] is None for r in rs):
+            continue
+        today = sum(abs(r["today_ms"] - r["realised_ms"]) for r in rs)
+        rep = sum(abs((r["replay_ms"] if r["replay_ms"] is not None else r["today_ms"]) - r["realised_ms"]) for r in rs)
+        out[cat] = (today, rep)
+    return out
+
+
 if __name__ == "__main__":
-    print(table(evaluate()))
+    rows = evaluate()
+    print(table(rows))
+    print("\n| category | Σ abs error today (ms) | Σ abs error replayed (ms) | estimate used |\n|---|---|---|---|")
+    for cat, (today, rep) in by_category(rows).items():
+        print(f"| {cat} | {today:.2f} | {rep:.2f} | {'replay' if rep <= today else 'today'} |")
