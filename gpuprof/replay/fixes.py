@@ -61,6 +61,7 @@ class Plan:
     categories: dict[str, str]
     confidence: dict[str, str]
     before_ms: float
+    raw: Graph  # the graph as traced, not deflated (summary.replay_step_time_ms replays it)
     cache: dict[tuple[str, ...], float] = field(default_factory=dict)
 
     def applied(self, ids: Sequence[str]) -> Graph:
@@ -155,7 +156,7 @@ def plan(v: RankView, kept: Sequence[tuple[Candidate, dict[tuple[Any, ...], floa
     if not len(t.runtime) or not (len(t.kernels) + len(t.memcpys)):
         return None
     try:
-        g = build([t])
+        raw = g = build([t])
         if real_step_ms:
             g = deflate(g, calibrate(g, real_step_ms))
         before = run(g).period_ms
@@ -171,7 +172,7 @@ def plan(v: RankView, kept: Sequence[tuple[Candidate, dict[tuple[Any, ...], floa
             continue
         units.setdefault(c.id, {}).update(u)
         cats[c.id], conf[c.id] = c.category, c.confidence
-    p = Plan(g, v, units, cats, conf, before)
+    p = Plan(g, v, units, cats, conf, before, raw)
     _PLANS.clear()  # the plan holds the rank's frames: keep only the latest rank's
     _PLANS[id(t)] = (weakref.ref(t), p)
     return p
