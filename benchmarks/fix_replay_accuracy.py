@@ -80,9 +80,17 @@ def by_category(rows: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
     return out
 
 
+def pushed_out(rows: list[dict[str, Any]], cat: str) -> bool:
+    """Whether replay takes a pair of ``cat`` that today's estimate had within ±35 % outside it."""
+    def within(x: float, real: float) -> bool:
+        return real > 0 and abs(x - real) <= 0.35 * real
+    return any(within(r["today_ms"], r["realised_ms"]) and not within(r["replay_ms"], r["realised_ms"])
+               for r in rows if r["category"] == cat and r["replay_ms"] is not None)
+
+
 if __name__ == "__main__":
     rows = evaluate()
     print(table(rows))
     print("\n| category | Σ abs error today (ms) | Σ abs error replayed (ms) | estimate used |\n|---|---|---|---|")
     for cat, (today, rep) in by_category(rows).items():
-        print(f"| {cat} | {today:.2f} | {rep:.2f} | {'replay' if rep <= today else 'today'} |")
+        print(f"| {cat} | {today:.2f} | {rep:.2f} | {'replay' if rep <= today and not pushed_out(rows, cat) else 'today'} |")

@@ -40,8 +40,10 @@ if TYPE_CHECKING:
 #: Categories whose replayed saving is the reported estimate: on the real pairs with realised
 #: savings (python -m benchmarks.fix_replay_accuracy, table in docs/replay.md) the replayed
 #: savings of the category were in total at least as close to the realised ones as the
-#: analyzer's own arithmetic (Σ |error| in ms over its pairs). The others keep theirs, saying why.
-REPLAY_USED = frozenset({"allocator_churn", "host_stall", "shape_alignment", "elementwise_fusion"})
+#: analyzer's own arithmetic (Σ |error| in ms over its pairs), and no pair the analyzer had within
+#: ±35 % fell outside it. elementwise_fusion meets the first (25.1 vs 25.6 ms) but not the second
+#: (gpt_naive_elementwise: −34 % → −44 %). The others keep their estimate, saying why.
+REPLAY_USED = frozenset({"allocator_churn", "host_stall", "shape_alignment"})
 NOT_USED_WHY = {
     "exposed_communication": "cross-rank: a rank's graph cannot see when the other ranks arrive",
     "rank_imbalance": "cross-rank: a rank's graph cannot see when the other ranks arrive",
