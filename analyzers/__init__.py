@@ -11,7 +11,7 @@ save next to nothing are notes (:func:`split_notes`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from gpuprof.analyzers import (
@@ -27,7 +27,7 @@ from gpuprof.analyzers import (
     shape_alignment,
     transfers,
 )
-from gpuprof.analyzers._base import Candidate, Contribution, claim, merge, release_views, views
+from gpuprof.analyzers._base import Candidate, Contribution, claim, kept_units, merge, release_views, views
 from gpuprof.analyzers.distributed import CrossCandidate, to_candidate
 
 from gpuprof.findings import Finding
@@ -152,9 +152,35 @@ def rank_contributions(one_rank: Analysis, active: Sequence[Analyzer], cross: Se
             (view,) = views(one_rank)
             candidates.extend(to_candidate(cc, view) for cc in cross)
         out: list[Contribution] = claim(part.rank, candidates, part.n_steps)
-        return out
+        return replayed(one_rank, candidates, out)
     finally:
         release_views(one_rank)
+
+
+def replayed(one_rank: Analysis, candidates: Sequence[Candidate], contribs: list[Contribution]) -> list[Contribution]:
+    """The rank's contributions with their fixes replayed (gpuprof.replay.fixes): each priced
+    finding's evidence gets ``replay_before_ms``/``replay_after_ms``; where replay is the estimate
+    (``REPLAY_USED``), its kept saving is the replayed one."""
+    from gpuprof.replay import fixes
+
+    (part,) = one_rank.parts
+    (view,) = views(one_rank)
+    p = fixes.plan(view, kept_units(candidates, part.n_steps), part.unprofiled_step_ms)
+    if p is None:
+        return contribs
+    priced = fixes.price(p, part.n_steps)
+    out = []
+    for c in contribs:
+        got = priced.get(c.id)
+        if got is None:
+            ev = c.evidence
+            if c.category in fixes.NOT_USED_WHY and c.units:
+                ev = {**ev, "replay_not_used": fixes.NOT_USED_WHY[c.category]}
+            out.append(replace(c, evidence=ev))
+            continue
+        ev = {**c.evidence, **got["evidence"]}
+        out.append(replace(c, evidence=ev, kept_us=float(got.get("kept_us", c.kept_us))))
+    return out
 
 
 def contributions_in_memory(analysis: Analysis, only: Sequence[str] | None = None,

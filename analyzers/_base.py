@@ -710,6 +710,10 @@ def claimed_units(candidates: Sequence[Candidate], n_steps: int) -> dict[str, di
     return out
 
 
+#: Each candidate in claim order with the units it keeps (what the replay prices).
+kept_units = _assign
+
+
 def merge(contributions: Iterable[Contribution], parts: Sequence[RankPart]) -> list[Finding]:
     """One Finding per id from the ranks' contributions.
 

@@ -282,6 +282,7 @@ class Analysis:
             "steps": int(max(len(p.steps) for p in self.parts)),
             "step_time_ms": float(np.mean([x.step_time_ms for x in s])),
             "replay_step_time_ms": self._replay_step_ms(),
+            **self._projection(),
             "gpu_busy_pct": float(np.mean([x.gpu_busy_pct for x in s])),
             "mfu_pct": float(np.mean(mfus)) if mfus else None,
             "breakdown_pct": {k: float(np.mean([x.breakdown_pct[k] for x in s])) for k in keys},
@@ -302,6 +303,54 @@ class Analysis:
                                 "communication_pct": p.summary.breakdown_pct["communication"]} for p in self.parts]
         return out
 
+    def _plan(self) -> Any:
+        """The one rank's fix plan (gpuprof.replay.fixes): the one made while the findings were
+        computed, else made again by running the per-rank analyzers. None for several ranks (as
+        ``replay_step_time_ms``) or where the trace cannot be replayed."""
+        if len(self.parts) != 1:
+            return None
+        from gpuprof.replay import fixes
+
+        (r,) = self.ranks
+        p = fixes.cached_plan(r.trace)
+        if p is None:
+            from gpuprof.analyzers import rank_contributions, select
+
+            active, _ = select(self.parts, self.spec)
+            rank_contributions(self.one_rank(self.parts[0].rank), active)
+            p = fixes.cached_plan(r.trace)
+        return p
+
+    def what_if(self, ids: Sequence[str]) -> dict[str, Any]:
+        """Replayed step time (ms, steady state) with the fixes of the findings ``ids`` applied
+        together, beside the unchanged replay, and the time per step by class after them.
+        Ids that are not this analysis's replayable findings are listed in ``not_applied``."""
+        p = self._plan()
+        if p is None:
+            raise GpuprofError("what-if needs one rank whose trace replays (several ranks: analyse one rank's trace)")
+        ids = list(ids)
+        return {"before_ms": p.before_ms, "step_time_ms": p.after_ms(ids), "by_class_ms": p.by_class_ms(ids),
+                "applied": sorted(i for i in set(ids) if i in p.units),
+                "not_applied": sorted(i for i in set(ids) if i not in p.units)}
+
+    def _projection(self) -> dict[str, Any]:
+        """``projected_step_time_ms``: every high- and medium-confidence fix applied in one replay,
+        and which findings that is (``projected_findings``, in the report's order)."""
+        none: dict[str, Any] = {"projected_step_time_ms": None, "projected_findings": []}
+        if len(self.parts) != 1 or not self.findings:
+            return none
+        try:
+            p = self._plan()
+        except GpuprofError:
+            return none
+        if p is None:
+            return none
+        ids = [f.id for f in self.findings if f.confidence in ("high", "medium") and f.id in p.units]
+        if not ids:
+            return none
+        return {"projected_step_time_ms": _f(p.after_ms(ids)), "projected_findings": ids,
+                "projected_from_ms": _f(p.before_ms)}
+
     def _replay_step_ms(self) -> float | None:
         """The unchanged trace's step time replayed from its dependency graph (gpuprof.replay):
         its gap to ``step_time_ms`` is the replay's own error. None for several ranks: a job is
@@ -309,10 +358,11 @@ class Analysis:
         read the same whether the ranks were analysed apart or in memory."""
         if len(self.parts) > 1:
             return None
-        from gpuprof.replay import replay
+        from gpuprof.replay import fixes, replay, run
 
         try:
-            got = replay(self.ranks).step_time_ms
+            p = fixes.cached_plan(self.ranks[0].trace)  # the graph the findings were priced on
+            got = run(p.raw).step_time_ms if p is not None else replay(self.ranks).step_time_ms
         except GpuprofError:
             return None
         return got if np.isfinite(got) else None

@@ -140,6 +140,9 @@ def subject(doc: dict[str, Any]) -> str:
     return f"{paths[0].name} and {len(paths) - 1} more"
 
 
+from gpuprof.reports.text import projection_line  # noqa: E402  (the one wording of the projection)
+
+
 def render_html(doc: dict[str, Any], detail: dict[str, Any]) -> str:
     import plotly.offline
 
@@ -176,6 +179,7 @@ def render_html(doc: dict[str, Any], detail: dict[str, Any]) -> str:
         timeline=detail.get("timeline") or {}, claimed=set(claims), operators=operators,
         memory=detail.get("memory") or {},
         plotly_js=plotly.offline.get_plotlyjs(), classes=CLASS_COLORS,
+        projection=projection_line(summary, doc.get("findings", [])),
     )
 
 

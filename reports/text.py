@@ -121,6 +121,24 @@ def _operator_lines(ops: list[dict[str, Any]], steps: int, width: int) -> list[s
     return out
 
 
+def projection_line(s: dict[str, Any], findings: list[dict[str, Any]]) -> str | None:
+    """"apply fixes 1–3: 40.2 → 26.5 ms per step (1.5×)": the replayed step time with the
+    high- and medium-confidence fixes applied together (numbered as listed), or None."""
+    after, before = s.get("projected_step_time_ms"), s.get("projected_from_ms")
+    ids = s.get("projected_findings") or []
+    pos = [i for i, f in enumerate(findings, 1) if f.get("id") in ids]
+    if not after or not before or not pos:
+        return None
+    runs: list[str] = []
+    for p in pos:  # consecutive numbers as ranges: 1–3, 5
+        if runs and runs[-1].split("–")[-1] == str(p - 1):
+            runs[-1] = runs[-1].split("–")[0] + f"–{p}"
+        else:
+            runs.append(str(p))
+    word = "fix" if len(pos) == 1 else "fixes"
+    return f"apply {word} {', '.join(runs)}: {before:.1f} → {after:.1f} ms per step ({before / after:.1f}×, replayed)"
+
+
 def render_text(doc: dict[str, Any], color: bool = False, top: int = 10, width: int | None = None,
                 views: dict[str, Any] | None = None) -> str:
     """The terminal summary of a JSON report document, wrapped to ``width`` columns (100 when
@@ -149,6 +167,9 @@ def render_text(doc: dict[str, Any], color: bool = False, top: int = 10, width: 
              f"GPU busy {_num(s['gpu_busy_pct'], '{:.1f}%')}"]
     lines += _wrap("   ".join(x.replace(" ", "\u00a0") for x in facts), w, "", "")
     lines += [_step_line(s, bold), mfu]
+    proj = projection_line(s, doc.get("findings", []))
+    if proj:
+        lines.append(proj)
     b = s["breakdown_pct"]
     parts = [f"{k} {v:.1f}%" for k, v in sorted(b.items(), key=lambda kv: -(kv[1] or 0)) if v and v >= 0.05]
     lines += _wrap("time: " + ", ".join(parts), w, "", "      ")

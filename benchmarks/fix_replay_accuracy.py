@@ -1,0 +1,96 @@
+"""Findings priced by replay (gpuprof.replay.fixes) vs their own arithmetic vs the realised saving.
+
+For every defect/fixed pair with realised savings (sample_traces/h200/pairs.json and
+depth_pairs.json, timings in timings/): analyse the bad trace with its unprofiled step time, take
+the first finding of the pair's category, and read its analyzer's estimate (replay switched off
+as the estimate: ``REPLAY_USED`` emptied) and its replayed saving (``replay_before_ms −
+replay_after_ms`` in its evidence). ``REPLAY_USED`` in gpuprof/replay/fixes.py lists the
+categories where replay was at least as close on every pair of that category.
+
+    python -m benchmarks.fix_replay_accuracy
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import gpuprof
+from benchmarks.pairs import H200, pairs, step_ms, trace_path
+from gpuprof.replay import fixes
+
+
+def all_pairs() -> list[tuple[str, str, str]]:
+    """(category, bad, good) of every pair with a realised saving and timings for both."""
+    out = [(c, b, g) for c, b, g, real in pairs() if real]
+    depth = json.loads((H200 / "depth_pairs.json").read_text())["pairs"]
+    out += [(p["expect"], p["bad"], p["good"]) for p in depth if p.get("expect")]
+    return [(c, b, g) for c, b, g in out
+            if all((H200 / "timings" / f"{n}.json").is_file() or (H200 / "timings" / f"{n}_rank0.json").is_file()
+                   for n in (b, g))]
+
+
+def evaluate() -> list[dict[str, Any]]:
+    used = fixes.REPLAY_USED
+    fixes.REPLAY_USED = frozenset()  # the analyzers' own estimates, with the replay in the evidence
+    try:
+        rows = []
+        for cat, bad, good in all_pairs():
+            a = gpuprof.analyze(trace_path(bad), step_ms=step_ms(bad), cache=False)
+            f = next((x for x in a.findings if x.category == cat), None)
+            ev = f.evidence if f else {}
+            before, after = ev.get("replay_before_ms"), ev.get("replay_after_ms")
+            realised = step_ms(bad) - step_ms(good)
+            rows.append({"category": cat, "bad": bad, "good": good, "realised_ms": realised,
+                         "today_ms": f.estimated_savings_ms if f else 0.0,
+                         "replay_ms": (before - after) if before is not None and after is not None else None,
+                         "why_not": ev.get("replay_not_used") if before is None else None})
+        return rows
+    finally:
+        fixes.REPLAY_USED = used
+
+
+def _err(x: float | None, real: float) -> str:
+    return "–" if x is None or abs(real) < 1e-9 else f"{100 * (x - real) / real:+.0f}%"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    out = ["| category | bad → good | realised ms | today's estimate (error) | replayed (error) | closer |",
+           "|---|---|---|---|---|---|"]
+    for r in rows:
+        real, today, rep = r["realised_ms"], r["today_ms"], r["replay_ms"]
+        closer = "–" if rep is None else ("replay" if abs(rep - real) <= abs(today - real) else "today")
+        rs = "not replayed" if rep is None else f"{rep:.2f} ({_err(rep, real)})"
+        out.append(f"| {r['category']} | {r['bad']} → {r['good']} | {real:.2f} | {today:.2f} ({_err(today, real)}) "
+                   f"| {rs} | {closer} |")
+    return "\n".join(out)
+
+
+def by_category(rows: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """Per category with a replayed pair: (Σ |today − realised|, Σ |replayed − realised|) in ms
+    over its pairs (a pair without the finding counts 0 saved for both)."""
+    out: dict[str, tuple[float, float]] = {}
+    for cat in dict.fromkeys(r["category"] for r in rows):
+        rs = [r for r in rows if r["category"] == cat]
+        if all(r["replay_ms"] is None for r in rs):
+            continue
+        today = sum(abs(r["today_ms"] - r["realised_ms"]) for r in rs)
+        rep = sum(abs((r["replay_ms"] if r["replay_ms"] is not None else r["today_ms"]) - r["realised_ms"]) for r in rs)
+        out[cat] = (today, rep)
+    return out
+
+
+def pushed_out(rows: list[dict[str, Any]], cat: str) -> bool:
+    """Whether replay takes a pair of ``cat`` that today's estimate had within ±35 % outside it."""
+    def within(x: float, real: float) -> bool:
+        return real > 0 and abs(x - real) <= 0.35 * real
+    return any(within(r["today_ms"], r["realised_ms"]) and not within(r["replay_ms"], r["realised_ms"])
+               for r in rows if r["category"] == cat and r["replay_ms"] is not None)
+
+
+if __name__ == "__main__":
+    rows = evaluate()
+    print(table(rows))
+    print("\n| category | Σ abs error today (ms) | Σ abs error replayed (ms) | estimate used |\n|---|---|---|---|")
+    for cat, (today, rep) in by_category(rows).items():
+        print(f"| {cat} | {today:.2f} | {rep:.2f} | {'replay' if rep <= today and not pushed_out(rows, cat) else 'today'} |")
