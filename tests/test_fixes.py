@@ -65,13 +65,12 @@ def test_each_finding_carries_its_replay(analysed: tuple[str, gpuprof.Analysis])
             assert e["replay_not_used"]
 
 
-def test_replay_is_the_estimate_where_it_was_closer() -> None:
+def test_replayed_saving_is_in_the_evidence_and_says_why_not_used() -> None:
     a = gpuprof.analyze(SAMPLES / "gpt_empty_cache.json.gz", step_ms=step_ms("gpt_empty_cache"), cache=False)
     f = next(f for f in a.findings if f.category == "allocator_churn")
-    assert f.evidence["estimate"] == "replay"
-    realised = step_ms("gpt_empty_cache") - step_ms("gpt_bf16")
-    # docs/replay.md: 4.07 ms replayed vs 2.21 ms by the allocator analyzer's arithmetic, 6.30 realised
-    assert abs(f.estimated_savings_ms - realised) < 0.5 * realised
+    ev = f.evidence
+    assert ev["replay_before_ms"] > ev["replay_after_ms"] and ev.get("estimate") != "replay"
+    assert "MI300X" in ev["replay_not_used"]
 
 
 def test_projection_line_in_text_report() -> None:
