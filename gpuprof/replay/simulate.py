@@ -97,21 +97,7 @@ class _State:
         w = g.h_wait[idx]
         m = w >= 0
         be[m] = self.ae[w[m]] + g.h_tail[idx[m]]
-        moved = False
-        off = 0
-        for lo, hi in ranges:
-            n = hi - lo
-            if not n:
-                continue
-            a = _interleave(g.h_gap[lo:hi], g.h_dur[lo:hi])
-            b = _interleave(bs[off:off + n], be[off:off + n])
-            if not g.h_first[lo]:
-                b[0] = max(b[0], self.he[lo - 1] + g.h_gap[lo])
-            v = _scan(a, b)
-            moved = moved or _moved(v[0::2], self.hs[lo:hi]) or _moved(v[1::2], self.he[lo:hi])
-            self.hs[lo:hi], self.he[lo:hi] = v[0::2], v[1::2]
-            off += n
-        return moved
+        return _solve_chains(ranges, g.h_gap, g.h_dur, g.h_first, bs, be, self.hs, self.he)
 
     def gpu(self, ranges: list[tuple[int, int]]) -> bool:
         g = self.g
@@ -134,21 +120,31 @@ class _State:
             c = g.a_coll[idx]
             m = c >= 0
             be[m] = last[c[m]] + g.a_dur[idx[m]]
-        moved = False
-        off = 0
-        for lo, hi in ranges:
-            n = hi - lo
-            if not n:
-                continue
-            a = _interleave(g.a_sgap[lo:hi], g.a_dur[lo:hi])
-            b = _interleave(bs[off:off + n], be[off:off + n])
-            if not g.a_first[lo]:
-                b[0] = max(b[0], self.ae[lo - 1] + g.a_sgap[lo])
-            v = _scan(a, b)
-            moved = moved or _moved(v[0::2], self.as_[lo:hi]) or _moved(v[1::2], self.ae[lo:hi])
-            self.as_[lo:hi], self.ae[lo:hi] = v[0::2], v[1::2]
-            off += n
-        return moved
+        return _solve_chains(ranges, g.a_sgap, g.a_dur, g.a_first, bs, be, self.as_, self.ae)
+
+
+def _solve_chains(ranges: list[tuple[int, int]], gap: np.ndarray, dur: np.ndarray, first: np.ndarray,
+                  bs: np.ndarray, be: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> bool:
+    """Solve each chain ``[lo, hi)`` (a host thread's calls or a stream's activities) in one scan:
+    every item starts after its predecessor's end plus ``gap`` and after its own bound ``bs``, and
+    ends after ``dur`` and after ``be``; ``bs``/``be`` hold the ranges' items in order. A chain
+    that continues an earlier one (``first`` false) starts after that item. ``starts``/``ends``
+    are updated in place; returns whether any time moved."""
+    moved = False
+    off = 0
+    for lo, hi in ranges:
+        n = hi - lo
+        if not n:
+            continue
+        a = _interleave(gap[lo:hi], dur[lo:hi])
+        b = _interleave(bs[off:off + n], be[off:off + n])
+        if not first[lo]:
+            b[0] = max(b[0], ends[lo - 1] + gap[lo])
+        v = _scan(a, b)
+        moved = moved or _moved(v[0::2], starts[lo:hi]) or _moved(v[1::2], ends[lo:hi])
+        starts[lo:hi], ends[lo:hi] = v[0::2], v[1::2]
+        off += n
+    return moved
 
 
 def _window_keys(g: Graph, h_bounds: np.ndarray, a_bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
