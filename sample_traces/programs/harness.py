@@ -32,6 +32,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-only", action="store_true")
     p.add_argument("--profile-memory", action="store_true")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--nvtx-step", type=int, default=-1,
+                   help="wrap this step of the first timed window in an NVTX range 'ncu_step' (for ncu)")
 
 
 def sync(device: str) -> None:
@@ -39,12 +41,16 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_steps(step: Callable[[], Any], n: int, device: str) -> float:
+def time_steps(step: Callable[[], Any], n: int, device: str, nvtx_step: int = -1) -> float:
     """Mean wall time of ``n`` steps in ms, GPU work included (one sync at each end)."""
     sync(device)
     t0 = time.perf_counter()
-    for _ in range(n):
+    for i in range(n):
+        if i == nvtx_step:
+            torch.cuda.nvtx.range_push("ncu_step")
         step()
+        if i == nvtx_step:
+            torch.cuda.nvtx.range_pop()
     sync(device)
     return (time.perf_counter() - t0) * 1000.0 / n
 
@@ -52,7 +58,8 @@ def time_steps(step: Callable[[], Any], n: int, device: str) -> float:
 def record(a: argparse.Namespace, step: Callable[[], Any], extra: dict[str, Any] | None = None) -> None:
     for _ in range(a.warmup_steps):
         step()
-    runs = [time_steps(step, a.timed_steps, a.device) for _ in range(2)]
+    nvtx = a.nvtx_step if a.device.startswith("cuda") else -1
+    runs = [time_steps(step, a.timed_steps, a.device, nvtx if w == 0 else -1) for w in range(2)]
     step_ms = sum(runs) / len(runs)
     if a.timing_out:
         rec = {
