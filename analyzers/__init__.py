@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from gpuprof.analyzers import (
     allocator,
     attention_fusion,
+    compile_fusion,
     distributed,
     elementwise_fusion,
     host_gaps,
@@ -53,6 +54,7 @@ REGISTRY: tuple[Analyzer, ...] = (
     Analyzer("memory_format", memory_format.run, ("gpu", "shapes", "spec")),
     Analyzer("attention_fusion", attention_fusion.run, ("gpu", "shapes", "spec")),
     Analyzer("elementwise_fusion", elementwise_fusion.run, ("gpu", "shapes", "spec")),
+    Analyzer("compile", compile_fusion.run, ("gpu", "shapes", "spec")),
     Analyzer("optimizer_fusion", optimizer_fusion.run, ("gpu", "shapes", "spec")),
     Analyzer("input_pipeline", host_gaps.input_pipeline, ("gpu", "cpu")),
     Analyzer("host_work", host_gaps.host_work, ("gpu", "cpu")),
