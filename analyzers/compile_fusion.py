@@ -120,8 +120,8 @@ def _split_kernels(ops: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     if not len(r):
         return np.zeros(0)
     sub = ops.iloc[r]
-    key = (sub["name"].astype(str) + "\x00" + sub["input_dims"].astype(str) + "\x00"
-           + sub["concrete_inputs"].astype(str)).to_numpy()
+    key = (sub["name"].astype(object).map(str) + "\x00" + sub["input_dims"].astype(object).map(str) + "\x00"
+           + sub["concrete_inputs"].astype(object).map(str)).to_numpy()
     codes, uniq = pd.factorize(key)
     first = np.unique(codes, return_index=True)[1]
     per = np.array([split_passes(str(sub["name"].iloc[i]), parse_arg(sub["input_dims"].iloc[i]),
@@ -129,7 +129,7 @@ def _split_kernels(ops: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     return per[codes]
 
 
-def _gap_claims(v: RankView, inner: dict[Unit, float], want_us: float) -> dict[Unit, float]:
+def gap_claims(v: RankView, inner: dict[Unit, float], want_us: float) -> dict[Unit, float]:
     """``want_us`` (over all profiled steps) of launch-gap time: the runs' own inner gaps first,
     then the step's other launch gaps, each at most its real (unprofiled) length."""
     out: dict[Unit, float] = {}
@@ -236,7 +236,7 @@ def run(analysis: Analysis) -> list[Candidate]:
             units = v.kernel_units(kk.index, gpu_saved * (saving / gpu_pos if gpu_pos else 0.0))
         else:
             units = {**v.kernel_units(kk.index, gpu_saved * (gpu_pos * n / max(float(gpu_saved.sum()), 1e-9))),
-                     **_gap_claims(v, v.inner_gap_units(kk.index, exclude_first=firsts), (saving - gpu_pos) * n)}
+                     **gap_claims(v, v.inner_gap_units(kk.index, exclude_first=firsts), (saving - gpu_pos) * n)}
         n_runs = kk["run"].nunique() / n
         host_bound = host_after >= gpu_after
         out.append(Candidate(
