@@ -6,9 +6,9 @@ launch it removes. Eager programs of small kernels are bound by their host (an e
 step: 36 ms for 18 ms of GPU work), so the launches Inductor removes are most of what it saves.
 
 Trigger: an eager trace (no Inductor ``triton_*`` kernels, no ``CompiledFunction`` /
-``Torch-Compiled Region`` spans) with runs of two or more consecutive fusible kernels on one
-stream inside one step, outside the optimizer (``torch.compile(model)`` does not compile
-``optimizer.step()``) and outside CUDA-graph replays.
+``Torch-Compiled Region`` spans, no CUDA-graph capture) with runs of two or more consecutive
+fusible kernels on one stream inside one step, outside the optimizer (``torch.compile(model)``
+does not compile ``optimizer.step()``) and outside CUDA-graph replays.
 
 What Inductor makes of a run, as modelled (checked against the compiled twins'
 kernels in sample_traces/h200):
@@ -24,8 +24,9 @@ kernels reach (time-weighted); a split pass costs the trace's median small fusib
 Host: each launched kernel keeps the host cost per kernel the eager step has (real step time ÷
 kernels per step: exact when the host bounds the step, an upper bound otherwise; on the real
 H200 pairs compiled code launched at 0.91-1.09x the eager cost per kernel). The step after is the
-longer of the GPU's busy time and the host's time for the kernels left; the saving is the real
-step minus that.
+longer of the GPU's busy time (plus the idle after host syncs, which stay) and the host's time for
+the kernels left; the saving is the real step minus that. Where syncs idle the GPU for a tenth of
+the step or more (``SYNC_SHARE``) host and GPU take turns and the estimate is low confidence.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from gpuprof.analyzers._base import Candidate, RankView, Unit, in_graph, ms, name_mask, shape_codes, top_names, \
-    views
+from gpuprof.analyzers._base import Candidate, RankView, Unit, graph_capture_calls, in_graph, ms, name_mask, \
+    shape_codes, top_names, views
 
 if TYPE_CHECKING:
     from gpuprof.api import Analysis
@@ -57,6 +58,9 @@ SPLIT_MIN_EXTENT = 1024
 _PER_CHANNEL = {r"batch_norm": 2, r"group_norm_backward": 2}
 _REDUCE_OPS = ("aten::sum", "aten::mean", "aten::amax", "aten::amin", "aten::var", "aten::var_mean", "aten::std")
 MIN_RUN = 2
+#: Idle after host syncs above this share of the step: host and GPU take turns rather than
+#: overlap, so the step after compile is not max(GPU, host) and the estimate is low confidence.
+SYNC_SHARE = 0.1
 
 
 def already_compiled(v: RankView) -> bool:
@@ -196,7 +200,8 @@ def _outside_model(v: RankView) -> pd.Series:
 def run(analysis: Analysis) -> list[Candidate]:
     out = []
     for v in views(analysis):
-        if v.kernels.empty or already_compiled(v):
+        # a trace that records graph capture is not a steady state: its host time is capture's
+        if v.kernels.empty or already_compiled(v) or graph_capture_calls(v.trace):
             continue
         kk = _runs(v)
         if kk.empty:
@@ -224,7 +229,10 @@ def run(analysis: Analysis) -> list[Candidate]:
             continue
         host_per_kernel = v.real_step_us / kernels if kernels else 0.0
         host_after = host_per_kernel * after_k
-        gpu_after = v.busy_us - gpu_us
+        # the program's host syncs stay: the GPU still idles while the host refills after each
+        gaps = v.gaps
+        sync_idle = float(gaps.loc[(gaps["cause"] == "sync").to_numpy(), "real_dur"].sum()) / n if len(gaps) else 0.0
+        gpu_after = v.busy_us - gpu_us + sync_idle
         after = max(gpu_after, host_after)
         saving = max(0.0, min(v.real_step_us - after, max(gpu_us, 0.0) + max(0.0, v.real_step_us - v.busy_us)))
         if saving <= 0:
@@ -244,7 +252,8 @@ def run(analysis: Analysis) -> list[Candidate]:
             title=f"torch.compile would fuse {n_runs:.0f} kernel runs per step and remove {removed:.0f} of "
                   f"{kernels:.0f} kernel launches: about {ms(saving):.1f} ms per step applied alone, the step then "
                   f"bound by its {'host' if host_bound else 'GPU'} at {ms(after):.1f} ms",
-            confidence=v.host_confidence("medium"),
+            # syncs serialise host and GPU, which the max(GPU, host) step does not model
+            confidence="low" if sync_idle >= SYNC_SHARE * v.real_step_us else v.host_confidence("medium"),
             recommendation="Compile the model: `model = torch.compile(model)` (train step unchanged; the optimizer "
                            "stays eager, `AdamW(fused=True)` covers it). Inductor fuses norms, activations, residual "
                            "adds, casts, rotary, dropout and the loss into a few kernels and removes their launches "
@@ -259,9 +268,10 @@ def run(analysis: Analysis) -> list[Candidate]:
                 "split_reduction_kernels_per_step": round(float(extra.sum()) / n, 1),
                 "fusible_ms_per_step": round(ms(float(kk["dur"].sum())) / n, 3),
                 "gpu_ms_saved_per_step": round(ms(gpu_us), 3),
-                "gpu_busy_ms_after": round(ms(gpu_after), 3),
+                "gpu_path_ms_after": round(ms(gpu_after), 3),
                 "host_us_per_kernel": round(host_per_kernel, 2), "host_ms_after": round(ms(host_after), 3),
                 "step_ms_after_estimated": round(ms(after), 3), "bound_after": "host" if host_bound else "gpu",
+                "sync_idle_ms_per_step": round(ms(sync_idle), 3),
                 "estimated_saving_alone_ms": round(ms(saving), 3),
                 "ops": kk["op_name"].astype(str).value_counts().head(8).to_dict(), "kernels": top_names(kk),
                 "estimate": "Inductor's kernels per run: one per iteration space, plus a pass per output of a "
