@@ -208,7 +208,9 @@ def run(analysis: Analysis) -> list[Candidate]:
         else:
             units = {**kernel_units, **gap_claims(v, inner, (saving - g_k) * n)}
         host_bound = host_after > gpu_after
-        confidence = v.host_confidence("medium") if host_bound else gpu_side_confidence(v, saving)[0]
+        # beyond the kernels and the gaps before them, the saving is host time (idle that goes)
+        on_host = host_bound or saving > g_k + g_gap
+        confidence = v.host_confidence("medium") if on_host else gpu_side_confidence(v, saving)[0]
         idle_ms = gpu_side_confidence(v, saving)[1]
         out.append(Candidate(
             id="GP-MEMFMT-001", category="memory_format",
