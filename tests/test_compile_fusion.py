@@ -35,8 +35,20 @@ def compile_finding(name: str) -> gpuprof.Finding | None:
     return next((f for f in analysis(name).findings if f.category == "compile"), None)
 
 
+def timing(name: str) -> dict[str, object]:
+    doc: dict[str, object] = json.loads((H200 / "timings" / f"{name}.json").read_text())
+    return doc
+
+
 def runs(name: str) -> list[float]:
-    return [float(x) for x in json.loads((H200 / "timings" / f"{name}.json").read_text())["step_ms_runs"]]
+    return [float(x) for x in timing(name)["step_ms_runs"]]  # type: ignore[attr-defined]
+
+
+def same_session(bad: str, good: str) -> bool:
+    """Whether both step times were measured in one device session: the lent machine's host speed
+    differs between sessions (gpt_bf16 8.90 ms on 2026-11-30, 12.83 ms in session2), so a host-bound
+    pair's realised saving only means something within one (sample_traces/README.md)."""
+    return timing(bad).get("session") == timing(good).get("session")
 
 
 def test_the_three_compiled_twins_are_paired() -> None:
@@ -60,9 +72,12 @@ def test_compile_estimate_matches_what_compile_realised(bad: str, good: str) -> 
     f = compile_finding(bad)
     assert f is not None and "torch.compile(model)" in f.recommendation
     cats = [x.category for x in analysis(bad).findings]
+    assert "compile" in cats[:3], cats
     alone = f.evidence["estimated_saving_alone_ms"]
     realised = step_ms(bad) - step_ms(good)
-    if realised >= 0.1 * step_ms(bad):
+    if not same_session(bad, good):
+        pass  # gpt_compile predates session2's gpt_bf16: ranking and twin checks only
+    elif realised >= 0.1 * step_ms(bad):
         # compile is this program's biggest realised fix: ranked first, within ±20 %
         assert cats[0] == "compile", cats
         assert alone == pytest.approx(realised, rel=0.2), (alone, realised)
@@ -70,7 +85,6 @@ def test_compile_estimate_matches_what_compile_realised(bad: str, good: str) -> 
         # a saving smaller than the twin's run-to-run spread: within the realised range of its runs
         lo, hi = step_ms(bad) - max(runs(good)), step_ms(bad) - min(runs(good))
         assert hi - lo > realised and lo <= alone <= hi, (alone, lo, hi)
-        assert "compile" in cats[:3], cats
     # the reported saving is what it adds to the findings that claim before it, never more than alone
     assert f.estimated_savings_ms <= alone + 1e-6
     ev = f.evidence
