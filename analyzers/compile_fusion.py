@@ -159,8 +159,9 @@ def _runs(v: RankView) -> pd.DataFrame:
     iteration space of each (``numel``) and the roofline time used for fusion (``t_fuse_us``)."""
     k = v.kernels.sort_values(["device", "stream", "ts"], kind="stable")
     if k.empty:
-        return k.assign(run=pd.Series(dtype=np.int64), numel=pd.Series(dtype=np.float64),
-                        t_fuse_us=pd.Series(dtype=np.float64))
+        none: pd.DataFrame = k.assign(run=pd.Series(dtype=np.int64), numel=pd.Series(dtype=np.float64),
+                                      t_fuse_us=pd.Series(dtype=np.float64))
+        return none
     err = k["model_error"].to_numpy(dtype=bool)
     t_roof = k["t_roof_us"].to_numpy(dtype=float)
     # above its HBM roofline (data in L2) or without bytes: it runs at its own time once fused
@@ -168,7 +169,8 @@ def _runs(v: RankView) -> pd.DataFrame:
     fam = k["family"].astype(str)
     by_op = name_mask(k["op_name"], FUSIBLE_OPS) & ~fam.isin(["gemm", "conv", "attention", "layout"]).to_numpy()
     ok = ((fam.isin(FUSIBLE).to_numpy() | by_op) & ~k["bound"].isin(["compute"]).to_numpy()
-          & ~k["is_comm"].fillna(False).to_numpy(dtype=bool) & ~in_graph(k) & ~_outside_model(v).reindex(k.index).to_numpy())
+          & ~k["is_comm"].fillna(False).to_numpy(dtype=bool) & ~in_graph(k)
+          & ~_outside_model(v).reindex(k.index).to_numpy())
     lane = (k["device"].astype(np.int64) * 100_003 + k["stream"] * 101 + k["step"]).to_numpy()
     brk = np.r_[True, (~ok[1:]) | (~ok[:-1]) | (lane[1:] != lane[:-1])]
     run = np.where(ok, np.cumsum(brk), -1)
@@ -178,7 +180,8 @@ def _runs(v: RankView) -> pd.DataFrame:
     el = np.array([*numels, 0], dtype=np.float64)[codes]
     # a kernel without an op is its own iteration space
     el = np.where(codes < 0, -1.0 - np.arange(len(kk)), el)
-    return kk.assign(numel=el)
+    out: pd.DataFrame = kk.assign(numel=el)
+    return out
 
 
 def _outside_model(v: RankView) -> pd.Series:

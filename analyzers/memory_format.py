@@ -124,9 +124,10 @@ def layout_conversions(v: RankView) -> pd.DataFrame:
 
     k = v.kernels
     fam = k["family"].astype(str)
+    none: pd.DataFrame = k.iloc[:0]
     if not (fam == "conv").any() or "input_strides" not in v.trace.ops.columns:
-        return k.iloc[:0]
-    cand = k[(fam == "copy").to_numpy() & (k["op"].to_numpy() >= 0)]
+        return none
+    cand: pd.DataFrame = k[(fam == "copy").to_numpy() & (k["op"].to_numpy() >= 0)]
     if cand.empty:
         return cand
     ops = v.trace.ops
@@ -135,9 +136,10 @@ def layout_conversions(v: RankView) -> pd.DataFrame:
     key = sub["input_dims"].astype(object).map(str) + "\x00" + sub["input_strides"].astype(object).map(str)
     codes, uniq = pd.factorize(key.to_numpy())
     first = np.unique(codes, return_index=True)[1]
-    hit = np.array([_is_conversion(parse_arg(ops["input_dims"].iloc[rows[i]]), parse_arg(ops["input_strides"].iloc[rows[i]]))
+    hit = np.array([_is_conversion(parse_arg(sub["input_dims"].iloc[i]), parse_arg(sub["input_strides"].iloc[i]))
                     for i in first], dtype=bool)
-    return cand[hit[codes]] if len(hit) else cand.iloc[:0]
+    hits: pd.DataFrame = cand[hit[codes]] if len(hit) else none
+    return hits
 
 
 def nchw_savings(v: RankView, ratios: Ratios | None = None, vendor: str = "nvidia"

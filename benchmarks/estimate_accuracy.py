@@ -88,7 +88,8 @@ def markdown(rows: list[dict[str, object]]) -> str:
     out = ["| category | bad → good | rank in bad | estimated ms (%) | realised ms (%) | error | good raises |",
            "|---|---|---|---|---|---|---|"]
     for r in rows:
-        real = (r.get("why") or "not run") if r["realised_ms"] is None else f"{r['realised_ms']:.2f} ({r['realised_pct']:.0f}%)"
+        real = ((r.get("why") or "not run") if r["realised_ms"] is None
+                else f"{r['realised_ms']:.2f} ({r['realised_pct']:.0f}%)")
         err = "–" if r["error_pct"] is None else f"{r['error_pct']:+.0f}%"
         out.append(f"| {r['category']} | {r['bad']} ({r['bad_step_ms']:.2f} ms) → {r['good']} ({r['good_step_ms']:.2f} ms) "
                    f"| {r['rank_in_bad'] or '–'} | {r['estimated_ms']:.2f} ({r['estimated_pct']:.0f}%) | {real} | {err} "
