@@ -45,8 +45,10 @@ if TYPE_CHECKING:
 
 FUSIBLE = ("elementwise", "norm", "reduction", "softmax", "loss", "copy", "embedding")
 #: Ops Inductor fuses whose kernels the roofline leaves without a family (pooling, index
-#: arithmetic, in-place counters such as batch norm's ``num_batches_tracked += 1``).
-FUSIBLE_OPS = r"pool|aten::arange|aten::add_$|aten::fill_$|aten::zero_$|aten::dropout|aten::native_dropout"
+#: arithmetic, in-place counters such as batch norm's ``num_batches_tracked += 1``, the random
+#: masks of dropout and stochastic depth, which Inductor draws inside the fused kernel).
+FUSIBLE_OPS = (r"pool|aten::arange|aten::add_$|aten::fill_$|aten::zero_$|aten::dropout|aten::native_dropout"
+               r"|aten::bernoulli")
 #: A trace that already ran Inductor code: its kernels or its dispatch spans say so.
 COMPILED_KERNELS = r"^triton_"
 COMPILED_SPANS = r"CompiledFunction|Torch-Compiled Region|CompiledFxGraph|TorchDynamo"
