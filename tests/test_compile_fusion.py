@@ -1,8 +1,8 @@
 """Issue #12 item 4, what torch.compile realises, on real H200 eager/compiled twins
 (sample_traces/h200/depth_pairs.json, class "what torch.compile realises"): the eager trace raises
 the compile finding (first where compile is the biggest realised fix), its estimate of compile
-applied alone is within ±20 % of the realised saving (the ResNet-50 pair: within the compiled
-twin's run-to-run spread, which is larger than its saving), and the compiled twin never raises it.
+applied alone is within ±20 % of the realised saving (the ResNet-50 pair, whose saving is smaller
+than its timing noise: widened by that noise), and the compiled twin never raises it.
 Realised savings are differences of unprofiled step times (sample_traces/h200/timings). Plus
 unit tests of the Inductor model on synthetic traces built here."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import gpuprof
-from benchmarks.pairs import H200, depth_pairs, step_ms, trace_path
+from benchmarks.pairs import H200, depth_pairs, realised_noise_ms, step_ms, trace_path
 from gpuprof.analyzers import compile_fusion
 from gpuprof.analyzers._base import release_views, views
 from tests.conftest import TraceBuilder
@@ -38,10 +38,6 @@ def compile_finding(name: str) -> gpuprof.Finding | None:
 def timing(name: str) -> dict[str, object]:
     doc: dict[str, object] = json.loads((H200 / "timings" / f"{name}.json").read_text())
     return doc
-
-
-def runs(name: str) -> list[float]:
-    return [float(x) for x in timing(name)["step_ms_runs"]]  # type: ignore[attr-defined]
 
 
 def same_session(bad: str, good: str) -> bool:
@@ -82,9 +78,10 @@ def test_compile_estimate_matches_what_compile_realised(bad: str, good: str) -> 
         assert cats[0] == "compile", cats
         assert alone == pytest.approx(realised, rel=0.2), (alone, realised)
     else:
-        # a saving smaller than the twin's run-to-run spread: within the realised range of its runs
-        lo, hi = step_ms(bad) - max(runs(good)), step_ms(bad) - min(runs(good))
-        assert hi - lo > realised and lo <= alone <= hi, (alone, lo, hi)
+        # a saving smaller than the pair's own timing noise (half-range of each member's windows):
+        # within ±20 % widened by that noise, as tests/test_analyzers.py does
+        noise = realised_noise_ms(bad, good)
+        assert noise > realised and abs(alone - realised) <= 0.2 * realised + noise, (alone, realised, noise)
     # the reported saving is what it adds to the findings that claim before it, never more than alone
     assert f.estimated_savings_ms <= alone + 1e-6
     ev = f.evidence
