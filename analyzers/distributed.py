@@ -142,11 +142,55 @@ def to_candidate(cc: CrossCandidate, v: RankView) -> Candidate:
 SlowDetail = Callable[[int, pd.DataFrame, int], dict[str, Any]]
 
 
+#: Why each cross-rank category keeps its own estimate although its fix is replayed on the job
+#: graph (gpuprof.replay.ranks; the pairs and figures: docs/replay.md, "Cross-rank").
+REPLAY_NOT_USED = {
+    "rank_imbalance": "the replay (the slow rank's extra host time cut to the median rank's) was further from "
+                      "the realised saving of the real pair than this estimate: the waiting rank's own host gaps "
+                      "stay inflated by the wait, which the trace does not mark as waiting",
+    "exposed_communication": "the replay (collectives run behind compute, the largest of each step kept) saves "
+                             "almost nothing on the real pair: the collective kept per step still couples ranks "
+                             "whose traced windows are out of phase",
+}
+
+#: The job's graph and its ranks' parts (gpuprof.replay.ranks), built on demand; None: not available.
+JobGraph = Callable[[], "tuple[Any, Sequence[Any]] | None"]
+
+
 def plan(parts: Sequence[RankPart], detail: SlowDetail, active: Sequence[str] = ("exposed_communication",
-                                                                                    "rank_imbalance")
-         ) -> dict[int, list[CrossCandidate]]:
+                                                                                    "rank_imbalance"),
+         job: JobGraph | None = None) -> dict[int, list[CrossCandidate]]:
     """Each rank's share of the cross-rank findings named in ``active``. ``detail(slow, waits,
-    waiting)`` runs :func:`slow_detail` on the slow rank, wherever that rank can be loaded."""
+    waiting)`` runs :func:`slow_detail` on the slow rank, wherever that rank can be loaded.
+    ``job()``, when given, builds the job's graph: each finding's fix is then replayed across
+    ranks (evidence ``replay_before_ms``/``replay_after_ms``: the slowest rank's step)."""
+    out = _plan(parts, detail, active)
+    if job is not None and out:
+        _replay(out, job)
+    return out
+
+
+def _replay(out: dict[int, list[CrossCandidate]], job: JobGraph) -> None:
+    from gpuprof.errors import GpuprofError
+    from gpuprof.replay.ranks import cross_fix, slowest_ms
+
+    found = {cc.category: cc for ccs in out.values() for cc in ccs}
+    try:
+        got = job()
+        if got is None:
+            return
+        g, rank_graphs = got
+        before = slowest_ms(g)
+        for category, cc in found.items():
+            after = slowest_ms(cross_fix(category, g, rank_graphs))
+            # one evidence dict is shared by the finding's shares on every rank
+            cc.evidence.update(replay_before_ms=round(before, 4), replay_after_ms=round(after, 4),
+                               replay_not_used=REPLAY_NOT_USED[category])
+    except GpuprofError:
+        return
+
+
+def _plan(parts: Sequence[RankPart], detail: SlowDetail, active: Sequence[str]) -> dict[int, list[CrossCandidate]]:
     c = match([p.collectives for p in parts])
     out: dict[int, list[CrossCandidate]] = {}
     if c.empty:

@@ -174,7 +174,7 @@ def _shifts(c: pd.DataFrame) -> pd.Series:
     time among equals (the median start difference)."""
     out = pd.Series(0, index=c.index, dtype=np.int64)
     for _, grp in c.groupby("group", sort=False):  # groups are few
-        by_rank = {int(r): x for r, x in grp.groupby("rank_i")}
+        by_rank = dict(list(grp.groupby("rank_i")))
         if len(by_rank) < 2:
             continue
         ref = max(by_rank.values(), key=len)
@@ -268,5 +268,44 @@ def overlap(g: Graph, sel: np.ndarray, keep_last: bool = True) -> Graph:
     return shrink_host(g, calls, 0.0)
 
 
-__all__ = ["MAX_SHIFT", "SYNC_SLACK_US", "RankGraph", "build_job", "comm_rows", "host_per_step", "join", "match",
-           "overlap", "rank_graph", "rebalance"]
+# --- the job's replay, as the analysis uses it -------------------------------------------------
+def comm_in_steps(g: Graph, parts: Sequence[RankGraph]) -> np.ndarray:
+    """Mask of the job graph's communication kernels inside profiled steps."""
+    na = np.cumsum([0] + [p.graph.n_acts for p in parts])
+    out = np.zeros(g.n_acts, dtype=bool)
+    for i, p in enumerate(parts):
+        out[p.comm["a"].to_numpy(dtype=np.int64) + na[i]] = True
+    out &= g.a_step >= 0
+    return out
+
+
+def slowest_ms(g: Graph) -> float:
+    """The job's replayed step: the slowest rank's steady-state step time (ms)."""
+    from gpuprof.replay import run
+
+    p = [x for x in run(g).rank_period_ms if np.isfinite(x)]
+    return float(max(p)) if p else float("nan")
+
+
+def cross_fix(category: str, g: Graph, parts: Sequence[RankGraph]) -> Graph:
+    """The job graph with a cross-rank finding's fix applied: ``rank_imbalance`` →
+    :func:`rebalance`, ``exposed_communication`` → :func:`overlap` of the collectives in the
+    profiled steps (the last of each step kept)."""
+    if category == "rank_imbalance":
+        return rebalance(g)
+    if category == "exposed_communication":
+        return overlap(g, comm_in_steps(g, parts))
+    raise ValueError(f"no cross-rank transformation for {category}")
+
+
+def job(parts: Sequence[RankGraph], real_step_ms: float | None) -> Graph:
+    """The joined job graph, the profiler's host cost taken out when the unprofiled step time is
+    known (one cost per recorded host event for all ranks: :func:`gpuprof.replay.calibrate`)."""
+    from gpuprof.replay import calibrate, deflate
+
+    g = join(parts)
+    return deflate(g, calibrate(g, real_step_ms)) if real_step_ms else g
+
+
+__all__ = ["MAX_SHIFT", "SYNC_SLACK_US", "RankGraph", "build_job", "comm_in_steps", "comm_rows", "cross_fix",
+           "host_per_step", "job", "join", "match", "overlap", "rank_graph", "rebalance", "slowest_ms"]
