@@ -167,6 +167,7 @@ def replayed(one_rank: Analysis, candidates: Sequence[Candidate], contribs: list
     from gpuprof.replay import fixes
 
     (part,) = one_rank.parts
+    contribs = [distributed.replayed_share(c, part.n_steps) for c in contribs]
     (view,) = views(one_rank)
     p = fixes.plan(view, kept_units(candidates, part.n_steps), part.unprofiled_step_ms)
     if p is None:
@@ -177,7 +178,7 @@ def replayed(one_rank: Analysis, candidates: Sequence[Candidate], contribs: list
         got = priced.get(c.id)
         if got is None:
             ev = c.evidence
-            if c.category in fixes.NOT_USED_WHY and c.units and "replay_not_used" not in ev:
+            if c.category in fixes.NOT_USED_WHY and c.units and "replay_before_ms" not in ev:  # one rank
                 ev = {**ev, "replay_not_used": fixes.NOT_USED_WHY[c.category]}
             out.append(replace(c, evidence=ev))
             continue

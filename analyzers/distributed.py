@@ -6,9 +6,12 @@ kernel is shortest arrived last; on every other rank, the excess duration is *wa
 Each NCCL kernel's exposed time (not overlapped by compute on its GPU) is split in proportion:
 the transfer part belongs to exposed_communication, the waiting part to rank_imbalance.
 
-exposed_communication — Estimate: the exposed transfer time while GPU work was queued behind it,
-less the largest single collective per step (the last gradient bucket cannot overlap backward),
-plus the host gaps around mostly-exposed collectives.
+exposed_communication — Estimate, two or more ranks: the job's replay across ranks
+(:mod:`gpuprof.replay.ranks`) with the collectives run behind compute, the largest of each step
+kept (the last gradient bucket cannot overlap backward), and the host work of issuing them gone
+(the slowest rank's step before − after). One rank (no collective can be matched, so transfer and
+waiting cannot be told apart): the exposed transfer time while GPU work was queued behind it,
+less the largest single collective per step, plus the host gaps around mostly-exposed collectives.
 rank_imbalance — Every rank that waits little (within ``SLOW_SHARE`` of the way from the slowest
 to the most-waiting rank) is slow: one slow node is several slow ranks, and all their idle time
 inside the others' waits is the same lost time, claimed by this finding alone. Estimate: the
@@ -17,7 +20,8 @@ wait after the GPU work following the collective had been launched (before that,
 rank's own host was the limit and the wait cost nothing), and only on a waiting rank that is held
 up: its runtime calls block (launch queue full) for at least ``HELD_FRACTION`` of its waits more
 than the slow rank's do; less the profiler's cost of the slow rank's recorded host events
-meanwhile. The job saves what the most-waiting rank still waits. Evidence names the slow rank and
+meanwhile. The job saves what the most-waiting rank still waits (its fix is also replayed across
+ranks, in the evidence; that replay is not the estimate: ``REPLAY_NOT_USED``). Evidence names the slow rank and
 what it did while the others waited (its CPU ops and GPU activity in those windows, on the common
 clock).
 
@@ -36,7 +40,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
-from gpuprof.analyzers._base import HOST_NOTE, Candidate, Described, RankView, ms, top_names, units_of
+from gpuprof.analyzers._base import HOST_NOTE, Candidate, Contribution, Described, RankView, ms, top_names, units_of
 
 if TYPE_CHECKING:
     from gpuprof.ranks import RankPart, RankResult
@@ -142,15 +146,18 @@ def to_candidate(cc: CrossCandidate, v: RankView) -> Candidate:
 SlowDetail = Callable[[int, pd.DataFrame, int], dict[str, Any]]
 
 
-#: Why each cross-rank category keeps its own estimate although its fix is replayed on the job
-#: graph (gpuprof.replay.ranks; the pairs and figures: docs/replay.md, "Cross-rank").
+#: Cross-rank categories whose estimate is the job's replay (gpuprof.replay.ranks) when the trace
+#: has two or more ranks: on the real pair (docs/replay.md, "Cross-rank") the replayed saving was
+#: at least as close to the realised one as this module's arithmetic. With one rank the
+#: arithmetic stays: a collective's kernel time there mixes its transfer with waiting for ranks
+#: not in the trace, which only its clip (the time GPU work was queued behind it) bounds.
+REPLAY_USED = frozenset({"exposed_communication"})
+#: Why the other cross-rank categories keep their own estimate although their fix is replayed.
 REPLAY_NOT_USED = {
     "rank_imbalance": "the replay (the slow rank's extra host time cut to the median rank's) was further from "
-                      "the realised saving of the real pair than this estimate: the waiting rank's own host gaps "
-                      "stay inflated by the wait, which the trace does not mark as waiting",
-    "exposed_communication": "the replay (collectives run behind compute, the largest of each step kept) saves "
-                             "almost nothing on the real pair: the collective kept per step still couples ranks "
-                             "whose traced windows are out of phase",
+                      "the realised saving of the real pair than this estimate: the profiler's host cost, "
+                      "taken out as one cost per recorded event fitted to the job's step, is under-counted on "
+                      "the ranks whose host work the slow rank's wait hid",
 }
 
 #: The job's graph and its ranks' parts (gpuprof.replay.ranks), built on demand; None: not available.
@@ -163,31 +170,56 @@ def plan(parts: Sequence[RankPart], detail: SlowDetail, active: Sequence[str] = 
     """Each rank's share of the cross-rank findings named in ``active``. ``detail(slow, waits,
     waiting)`` runs :func:`slow_detail` on the slow rank, wherever that rank can be loaded.
     ``job()``, when given, builds the job's graph: each finding's fix is then replayed across
-    ranks (evidence ``replay_before_ms``/``replay_after_ms``: the slowest rank's step)."""
+    ranks (evidence ``replay_before_ms``/``replay_after_ms``: the slowest rank's step), and for
+    the categories of ``REPLAY_USED`` that replayed saving is the estimate (:func:`replayed_share`)."""
     out = _plan(parts, detail, active)
-    if job is not None and out:
+    if job is not None and out and len(parts) > 1:
         _replay(out, job)
     return out
 
 
 def _replay(out: dict[int, list[CrossCandidate]], job: JobGraph) -> None:
+    from dataclasses import replace
+
     from gpuprof.errors import GpuprofError
     from gpuprof.replay.ranks import cross_fix, slowest_ms
 
     found = {cc.category: cc for ccs in out.values() for cc in ccs}
     try:
         got = job()
-        if got is None:
-            return
-        g, rank_graphs = got
-        before = slowest_ms(g)
-        for category, cc in found.items():
-            after = slowest_ms(cross_fix(category, g, rank_graphs))
-            # one evidence dict is shared by the finding's shares on every rank
-            cc.evidence.update(replay_before_ms=round(before, 4), replay_after_ms=round(after, 4),
-                               replay_not_used=REPLAY_NOT_USED[category])
     except GpuprofError:
         return
+    if got is None:
+        return
+    g, rank_graphs = got
+    before = slowest_ms(g)
+    saving: dict[str, float] = {}
+    for category, cc in found.items():
+        after = slowest_ms(cross_fix(category, g, rank_graphs))
+        if not (np.isfinite(before) and np.isfinite(after)):
+            continue
+        # one evidence dict is shared by the finding's shares on every rank
+        cc.evidence.update(replay_before_ms=round(before, 4), replay_after_ms=round(after, 4))
+        if category in REPLAY_USED:
+            cc.evidence["estimate"] = "replay"
+            saving[category] = max(before - after, 0.0)
+        else:
+            cc.evidence["replay_not_used"] = REPLAY_NOT_USED[category]
+    for rank, ccs in out.items():  # claim order: the replayed saving for the job
+        out[rank] = [replace(cc, priority_ms=saving[cc.category]) if cc.category in saving else cc for cc in ccs]
+
+
+def replayed_share(c: Contribution, n_steps: int) -> Contribution:
+    """A cross-rank finding's share on one rank with the job's replayed saving (evidence
+    ``replay_before_ms − replay_after_ms`` per step) as what it keeps, where replay is its
+    estimate; otherwise as it is."""
+    ev = c.evidence
+    if c.category not in REPLAY_USED or ev.get("estimate") != "replay" or not c.units:
+        return c
+    from dataclasses import replace
+
+    saving_ms = max(float(ev["replay_before_ms"]) - float(ev["replay_after_ms"]), 0.0)
+    return replace(c, kept_us=saving_ms * 1000.0 * n_steps)
 
 
 def _plan(parts: Sequence[RankPart], detail: SlowDetail, active: Sequence[str]) -> dict[int, list[CrossCandidate]]:

@@ -7,8 +7,9 @@ transfer time, so a slow rank's extra host time shows up as wait in the other ra
 as back-pressure on their hosts, and a transformation on one rank moves the others.
 
 **Matching** (:func:`match`): NCCL/RCCL kernels (``kernels.is_comm``) are keyed by process group
-and sequence number. Where a kernel carries the collective's ``Seq`` (newer PyTorch, the
-``coll_seq`` column when the loader has it), that is the key. Otherwise the n-th collective of a
+and sequence number. Where a kernel carries the collective's ``Seq`` (Kineto since 2026; the
+``coll_seq`` column), the key is (group, collective or point-to-point, Seq): ProcessGroupNCCL
+numbers the two kinds apart. Otherwise the n-th collective of a
 group on a rank is matched with the n-th on the others, per group in the order they ran on their
 stream; the group is the ``Process Group Name``/``ID`` and the ``Collective name`` where the
 kernel has them, else the kernel's name on the rank's n-th communication stream (kernels launched
@@ -37,7 +38,7 @@ above the median rank's is cut, from its longest gaps first) and :func:`overlap`
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -50,6 +51,8 @@ from gpuprof.trace.model import RankTrace
 SYNC_SLACK_US = 1.0
 #: How many collectives one rank's recorded sequence of a group may start before or after another's.
 MAX_SHIFT = 8
+#: ``Collective name`` values of point-to-point ops, which ProcessGroupNCCL numbers apart from collectives.
+P2P_NAMES = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv", "sendrecv"})
 
 
 def build_job(traces: Sequence[RankTrace]) -> Graph:
@@ -65,12 +68,37 @@ class RankGraph:
     graph: Graph
     t0_epoch_ns: int
     comm: pd.DataFrame
+    issue_calls: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # see issuing_calls
 
 
 def rank_graph(t: RankTrace, g: Graph | None = None) -> RankGraph:
     """Rank ``t``'s graph (``g`` if already built from ``t`` alone) ready to be joined."""
     g = build([t]) if g is None else g
-    return RankGraph(g, int(t.meta.t0_epoch_ns), comm_rows(g, t))
+    comm = comm_rows(g, t)
+    return RankGraph(g, int(t.meta.t0_epoch_ns), comm, issuing_calls(g, t, comm))
+
+
+def issuing_calls(g: Graph, t: RankTrace, comm: pd.DataFrame) -> np.ndarray:
+    """Host calls (indices into a one-rank graph) made inside the top-level ops that issued the
+    rank's collectives (``c10d::allreduce_`` and what it called: the op of each collective's
+    launch call, walked up to depth 0), i.e. the host cost of issuing them from Python."""
+    from gpuprof.replay.transforms import calls_within
+
+    launch = g.a_launch[comm["a"].to_numpy(dtype=np.int64)]
+    launch = launch[launch >= 0]
+    ops = t.ops
+    if not len(launch) or not len(ops) or "op" not in t.runtime:
+        return np.zeros(0, dtype=np.int64)
+    rows = t.runtime["op"].to_numpy()[g.h_row[launch]]
+    rows = np.unique(rows[rows >= 0])
+    parent = ops["parent"].to_numpy()
+    for _ in range(int(ops["depth"].max()) + 1 if len(ops) else 0):  # one step up per nesting level
+        up = parent[rows]
+        rows = np.unique(np.where(up >= 0, up, rows))
+    spans = list(zip(ops["ts"].to_numpy(dtype=float)[rows], ops["end"].to_numpy(dtype=float)[rows],
+                     ops["tid"].to_numpy()[rows].astype(int)))
+    out: np.ndarray = np.flatnonzero(calls_within(g, g.ranks[0], t.runtime["tid"].to_numpy(), spans))
+    return out
 
 
 def join(parts: Sequence[RankGraph]) -> Graph:
@@ -131,6 +159,7 @@ def comm_rows(g: Graph, t: RankTrace) -> pd.DataFrame:
         return out
 
     seq = k["coll_seq"].to_numpy(dtype=float)[r] if "coll_seq" in k else np.full(len(r), np.nan)
+    seq = np.where(seq >= 0, seq, np.nan)  # -1: none recorded
     nel = k["in_nelems"].to_numpy(dtype=float)[r] if "in_nelems" in k else np.full(len(r), np.nan)
     return pd.DataFrame({"a": idx, "stream": g.a_stream[idx], "ts": g.a_ts[idx], "end": g.a_end[idx],
                          "pg": col("process_group"), "coll": col("collective"), "name": col("name"),
@@ -151,8 +180,11 @@ def match(g: Graph, c: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     # Without metadata: the rank's n-th communication stream (by first use) stands for the group.
     first_use = c.groupby(["rank_i", "stream"])["ts"].transform("min")
     nth = first_use.groupby(c["rank_i"]).rank(method="dense").astype(int).astype(str)
-    c["group"] = np.where(meta, "pg:" + c["pg"] + "/" + c["coll"], "stream:" + nth + "/" + c["name"])
     has_seq = meta & np.isfinite(c["seq"].to_numpy())
+    # ProcessGroupNCCL numbers collectives and point-to-point ops apart: one sequence each per group
+    p2p = c["coll"].str.lower().isin(P2P_NAMES).map({True: "/p2p", False: "/coll"})
+    c["group"] = np.where(has_seq, "pg:" + c["pg"] + p2p,
+                          np.where(meta, "pg:" + c["pg"] + "/" + c["coll"], "stream:" + nth + "/" + c["name"]))
     c["ord"] = c.groupby(["rank_i", "group"]).cumcount().to_numpy()
     c["ord"] = np.where(has_seq, c["seq"].to_numpy(), c["ord"] + _shifts(c[~has_seq]).reindex(c.index).fillna(0))
     key = pd.MultiIndex.from_arrays([c["group"].to_numpy(), c["ord"].to_numpy()])
@@ -243,13 +275,14 @@ def rebalance(g: Graph, ranks: Sequence[int] | None = None) -> Graph:
     return g
 
 
-def overlap(g: Graph, sel: np.ndarray, keep_last: bool = True) -> Graph:
+def overlap(g: Graph, sel: np.ndarray, keep_last: bool = True, issue: np.ndarray | None = None) -> Graph:
     """exposed_communication's fix: the selected collectives (a mask over activities) run behind
     compute, as DDP's bucketed all-reduce runs during backward on its own stream: they no longer
     hold their stream up (no duration, no gap before them), and the host calls that launched them
-    cost nothing (the reducer issues them from C++ hooks, not a Python loop). With ``keep_last``,
-    each rank's largest selected collective of each step stays as it is: the last bucket has no
-    backward left to hide behind."""
+    cost nothing, as do the calls of ``issue`` (a mask over host calls: the ops that issued them,
+    :func:`issuing_calls`; DDP's reducer issues its buckets from C++ autograd hooks, not a Python
+    loop). With ``keep_last``, the largest selected collective of each step stays as it is, on
+    every rank: the last bucket has no backward left to hide behind."""
     sel = sel.copy()
     if keep_last and sel.any():
         # The largest by transfer time (not the kernel's duration, which includes waiting for the
@@ -263,9 +296,11 @@ def overlap(g: Graph, sel: np.ndarray, keep_last: bool = True) -> Graph:
         sel[d.loc[d["id"].isin(keep_ids), "i"].to_numpy()] = False
     g = replace(g, a_dur=np.where(sel, 0.0, g.a_dur), a_sgap=np.where(sel, 0.0, g.a_sgap),
                 a_coll=np.where(sel, -1, g.a_coll))
-    calls = np.zeros(g.n_host, dtype=bool)
+    calls = np.zeros(g.n_host, dtype=bool) if issue is None else issue.copy()
     calls[g.a_launch[sel & (g.a_launch >= 0)]] = True
-    return shrink_host(g, calls, 0.0)
+    kept = np.zeros(g.n_host, dtype=bool)
+    kept[g.a_launch[~sel & (g.a_launch >= 0)]] = True  # the kept bucket is still issued
+    return shrink_host(g, calls & ~kept, 0.0)
 
 
 # --- the job's replay, as the analysis uses it -------------------------------------------------
@@ -294,7 +329,11 @@ def cross_fix(category: str, g: Graph, parts: Sequence[RankGraph]) -> Graph:
     if category == "rank_imbalance":
         return rebalance(g)
     if category == "exposed_communication":
-        return overlap(g, comm_in_steps(g, parts))
+        nh = np.cumsum([0] + [p.graph.n_host for p in parts])
+        issue = np.zeros(g.n_host, dtype=bool)
+        for i, p in enumerate(parts):
+            issue[p.issue_calls + nh[i]] = True
+        return overlap(g, comm_in_steps(g, parts), issue=issue & (g.h_step >= 0))
     raise ValueError(f"no cross-rank transformation for {category}")
 
 
