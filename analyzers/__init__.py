@@ -191,12 +191,14 @@ def contributions_in_memory(analysis: Analysis, only: Sequence[str] | None = Non
                             registry: Sequence[Analyzer] | None = None
                             ) -> tuple[list[Contribution], list[dict[str, str]]]:
     """Every rank's contributions (and the skips) for an analysis whose ranks are in memory."""
+    from gpuprof.replay.ranks import fix_steps, rank_graph
+
     active, skipped = select(analysis.parts, analysis.spec, only, registry)
     results = {r.trace.meta.rank: r for r in analysis.ranks}
     names = [a.name for a in active]
     cross = distributed.plan(analysis.parts, lambda slow, waits, waiting: distributed.slow_detail(
-        results[slow], waits, waiting), names, job=lambda: job_graph([r.trace for r in analysis.ranks],
-                                                                    analysis.parts[0].unprofiled_step_ms))
+        results[slow], waits, waiting), names, replay=lambda cats: fix_steps(
+        [rank_graph(r.trace) for r in analysis.ranks], analysis.parts[0].unprofiled_step_ms, cats))
     contribs: list[Contribution] = []
     for part in analysis.parts:
         one = analysis.one_rank(part.rank)

@@ -160,42 +160,41 @@ REPLAY_NOT_USED = {
                       "the ranks whose host work the slow rank's wait hid",
 }
 
-#: The job's graph and its ranks' parts (gpuprof.replay.ranks), built on demand; None: not available.
-JobGraph = Callable[[], "tuple[Any, Sequence[Any]] | None"]
+#: The job's replayed step (the slowest rank's, ms) before and after each named category's fix
+#: (:func:`gpuprof.replay.ranks.fix_steps`), computed on demand; None: not available.
+JobReplay = Callable[[Sequence[str]], "dict[str, list[float]] | None"]
 
 
 def plan(parts: Sequence[RankPart], detail: SlowDetail, active: Sequence[str] = ("exposed_communication",
                                                                                     "rank_imbalance"),
-         job: JobGraph | None = None) -> dict[int, list[CrossCandidate]]:
+         replay: JobReplay | None = None) -> dict[int, list[CrossCandidate]]:
     """Each rank's share of the cross-rank findings named in ``active``. ``detail(slow, waits,
     waiting)`` runs :func:`slow_detail` on the slow rank, wherever that rank can be loaded.
-    ``job()``, when given, builds the job's graph: each finding's fix is then replayed across
-    ranks (evidence ``replay_before_ms``/``replay_after_ms``: the slowest rank's step), and for
-    the categories of ``REPLAY_USED`` that replayed saving is the estimate (:func:`replayed_share`)."""
+    ``replay(categories)``, when given, replays the job across ranks before and after each
+    finding's fix (evidence ``replay_before_ms``/``replay_after_ms``: the slowest rank's step);
+    for the categories of ``REPLAY_USED`` that replayed saving is the estimate
+    (:func:`replayed_share`)."""
     out = _plan(parts, detail, active)
-    if job is not None and out and len(parts) > 1:
-        _replay(out, job)
+    if replay is not None and out and len(parts) > 1:
+        _replay(out, replay)
     return out
 
 
-def _replay(out: dict[int, list[CrossCandidate]], job: JobGraph) -> None:
+def _replay(out: dict[int, list[CrossCandidate]], replay: JobReplay) -> None:
     from dataclasses import replace
 
     from gpuprof.errors import GpuprofError
-    from gpuprof.replay.ranks import cross_fix, slowest_ms
 
     found = {cc.category: cc for ccs in out.values() for cc in ccs}
     try:
-        got = job()
+        got = replay(sorted(found))
     except GpuprofError:
         return
     if got is None:
         return
-    g, rank_graphs = got
-    before = slowest_ms(g)
     saving: dict[str, float] = {}
     for category, cc in found.items():
-        after = slowest_ms(cross_fix(category, g, rank_graphs))
+        before, after = got[category]
         if not (np.isfinite(before) and np.isfinite(after)):
             continue
         # one evidence dict is shared by the finding's shares on every rank

@@ -789,10 +789,29 @@ def graph_job(job: Job) -> Any:
     return rank_graph(r.trace)
 
 
-def _job_graph(parts: Sequence[Any], real_step_ms: float | None) -> tuple[Any, list[Any]]:
-    from gpuprof.replay.ranks import job
+def _job_replay(ex: _Exec, jobs: Sequence[Job], real_step_ms: float | None, categories: Sequence[str]
+                ) -> dict[str, list[float]]:
+    """The cross-rank findings' replay (gpuprof.replay.ranks.fix_steps): each rank's graph built
+    by the workers, joined here; filed in the results cache under every rank's content, so an
+    unchanged job is not loaded again for it."""
+    from gpuprof.replay.ranks import fix_steps
+    from gpuprof.trace import cache as pcache
 
-    return job(parts, real_step_ms), list(parts)
+    def key() -> str | None:
+        keys = [job_key(j, "graph") for j in jobs]
+        return pcache.result_key("job_replay", tuple(keys), real_step_ms, tuple(categories)) if all(keys) else None
+
+    kind = dict[str, list[float]]
+    root = Path(jobs[0].cache_root) if jobs and jobs[0].cache_root else None
+    before = key()
+    if before is not None:
+        hit: dict[str, list[float]] | None = pcache.get_result(before, kind, root)
+        if hit is not None:
+            return hit
+    out = fix_steps(ex.map(graph_job, jobs), real_step_ms, categories)
+    if before is not None and key() == before:  # the files did not change meanwhile
+        pcache.put_result(before, out, kind, root)
+    return out
 
 
 def slow_job(job: Job, waits: pd.DataFrame, waiting: int) -> dict[str, Any]:
@@ -966,7 +985,7 @@ def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | 
         names = [a.name for a in active]
         job_of = {p.rank: j for p, j in zip(parts, jobs)}
         cross = distributed.plan(parts, lambda slow, waits, waiting: ex.call(slow_job, job_of[slow], waits, waiting),
-                                 names, job=lambda: _job_graph(ex.map(graph_job, jobs), step_ms))
+                                 names, replay=lambda cats: _job_replay(ex, jobs, step_ms, cats))
         contribs = ex.map(findings_job, jobs, parts, [names] * len(parts), [cross.get(p.rank, []) for p in parts],
                           stage="analysed")
     fixes, notes = _findings(findings_of(parts, [c for cs in contribs for c in cs]))

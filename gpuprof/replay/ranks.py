@@ -78,10 +78,17 @@ def rank_graph(t: RankTrace, g: Graph | None = None) -> RankGraph:
     return RankGraph(g, int(t.meta.t0_epoch_ns), comm, issuing_calls(g, t, comm))
 
 
+#: Op names of the communication layer (a collective's own op and those it calls): how far up
+#: from a collective's launch the op that issued it reaches.
+COMM_OPS = ("c10d::", "record_param_comms", "nccl:", "gloo:", "ProcessGroup")
+
+
 def issuing_calls(g: Graph, t: RankTrace, comm: pd.DataFrame) -> np.ndarray:
-    """Host calls (indices into a one-rank graph) made inside the top-level ops that issued the
-    rank's collectives (``c10d::allreduce_`` and what it called: the op of each collective's
-    launch call, walked up to depth 0), i.e. the host cost of issuing them from Python."""
+    """Host calls (indices into a one-rank graph) made inside the ops that issued the rank's
+    collectives: the op of each collective's launch call, walked up through its parents while
+    they are communication ops (``COMM_OPS``: ``c10d::allreduce_`` around ``record_param_comms``),
+    not into what called them (a DDP hook's autograd node, a Python loop), i.e. the host cost of
+    issuing each collective."""
     from gpuprof.replay.transforms import calls_within
 
     launch = g.a_launch[comm["a"].to_numpy(dtype=np.int64)]
@@ -92,9 +99,12 @@ def issuing_calls(g: Graph, t: RankTrace, comm: pd.DataFrame) -> np.ndarray:
     rows = t.runtime["op"].to_numpy()[g.h_row[launch]]
     rows = np.unique(rows[rows >= 0])
     parent = ops["parent"].to_numpy()
+    names = ops["name"]
+    codes, uniq = pd.factorize(names)
+    is_comm = np.array([str(u).startswith(COMM_OPS) for u in uniq], dtype=bool)[codes] if len(ops) else np.zeros(0, bool)
     for _ in range(int(ops["depth"].max()) + 1 if len(ops) else 0):  # one step up per nesting level
         up = parent[rows]
-        rows = np.unique(np.where(up >= 0, up, rows))
+        rows = np.unique(np.where((up >= 0) & is_comm[np.maximum(up, 0)], up, rows))
     spans = list(zip(ops["ts"].to_numpy(dtype=float)[rows], ops["end"].to_numpy(dtype=float)[rows],
                      ops["tid"].to_numpy()[rows].astype(int)))
     out: np.ndarray = np.flatnonzero(calls_within(g, g.ranks[0], t.runtime["tid"].to_numpy(), spans))
@@ -337,6 +347,16 @@ def cross_fix(category: str, g: Graph, parts: Sequence[RankGraph]) -> Graph:
     raise ValueError(f"no cross-rank transformation for {category}")
 
 
+def fix_steps(parts: Sequence[RankGraph], real_step_ms: float | None, categories: Sequence[str]
+              ) -> dict[str, list[float]]:
+    """Per cross-rank category, the job's replayed step (the slowest rank's, ms) before and after
+    its fix (:func:`cross_fix`) on the joined graph, deflated when ``real_step_ms`` is known.
+    Plain lists: the analysis files them in its results cache."""
+    g = job(parts, real_step_ms)
+    before = slowest_ms(g)
+    return {c: [before, slowest_ms(cross_fix(c, g, parts))] for c in categories}
+
+
 def job(parts: Sequence[RankGraph], real_step_ms: float | None) -> Graph:
     """The joined job graph, the profiler's host cost taken out when the unprofiled step time is
     known (one cost per recorded host event for all ranks: :func:`gpuprof.replay.calibrate`)."""
@@ -346,5 +366,5 @@ def job(parts: Sequence[RankGraph], real_step_ms: float | None) -> Graph:
     return deflate(g, calibrate(g, real_step_ms)) if real_step_ms else g
 
 
-__all__ = ["MAX_SHIFT", "SYNC_SLACK_US", "RankGraph", "build_job", "comm_in_steps", "comm_rows", "cross_fix",
-           "host_per_step", "job", "join", "match", "overlap", "rank_graph", "rebalance", "slowest_ms"]
+__all__ = ["COMM_OPS", "MAX_SHIFT", "SYNC_SLACK_US", "RankGraph", "build_job", "comm_in_steps", "comm_rows", "cross_fix",
+           "fix_steps", "host_per_step", "job", "join", "match", "overlap", "rank_graph", "rebalance", "slowest_ms"]
