@@ -341,7 +341,7 @@ class Analysis:
         """:meth:`what_if` for several ranks: each rank's findings applied to its part of the job
         graph as for one rank (its units, gpuprof.replay.fixes), the cross-rank ones by their
         cross-rank transformation; step times are the slowest rank's."""
-        from gpuprof.analyzers import job_graph, rank_contributions, select
+        from gpuprof.analyzers import distributed, job_graph, rank_contributions, select
         from gpuprof.replay import fixes
         from gpuprof.replay.ranks import cross_fix, slowest_ms
 
@@ -352,10 +352,15 @@ class Analysis:
         before = slowest_ms(g)
         by_id = {f.id: f for f in self.findings}
         active, _ = select(self.parts, self.spec)
+        results = {r.trace.meta.rank: r for r in self.ranks}
+        # each rank's units after the cross-rank findings' claims, as in the analysis (a slow rank's
+        # idle gaps inside the others' waits belong to rank_imbalance, not to launch_overhead)
+        cross = distributed.plan(self.parts, lambda slow, waits, waiting: distributed.slow_detail(
+            results[slow], waits, waiting), [a.name for a in active])
         applied: set[str] = set()
         after = g
         for part in self.parts:
-            rank_contributions(self.one_rank(part.rank), active)
+            rank_contributions(self.one_rank(part.rank), active, cross.get(part.rank, ()))
             p = fixes.cached_plan(self.ranks[[q.rank for q in self.parts].index(part.rank)].trace)
             if p is None:
                 continue

@@ -170,6 +170,13 @@ def test_what_if_on_several_ranks(slow_rank: gpuprof.Analysis) -> None:
     w = slow_rank.what_if([f.id, "GP-NOPE-999"])
     assert w["applied"] == [f.id] and w["not_applied"] == ["GP-NOPE-999"]
     assert w["step_time_ms"] == pytest.approx(f.evidence["replay_after_ms"], rel=1e-3)
+    # per-rank findings apply to their rank's part of the job, after the cross-rank claims: the
+    # slow rank's busy loop (GPU idle meanwhile) belongs to rank_imbalance, not to launch_overhead
+    others = [g.id for g in slow_rank.findings if g.category not in ("rank_imbalance", "exposed_communication")]
+    assert others
+    w = slow_rank.what_if(others)
+    assert sorted(w["applied"]) == sorted(others)
+    assert 0 < w["before_ms"] - w["step_time_ms"] < 0.1 * w["before_ms"]
 
 
 def test_eight_ranks_of_100k_kernels_replay_in_seconds() -> None:

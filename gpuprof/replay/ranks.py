@@ -30,9 +30,11 @@ rank's own end keeps the unchanged replay exact whatever that offset, while the 
 instance on every rank would move each trace's ends by the clocks' error. Ranks absent from the
 trace (2 of a job's 8 files, say) are not seen: their wait stays inside the transfer time.
 
-**Cross-rank transformations**: :func:`rebalance` (rank_imbalance: each rank's host time per step
-above the median rank's is cut, from its longest gaps first) and :func:`overlap`
-(exposed_communication: collectives run behind compute as DDP's bucketed all-reduce does).
+**Cross-rank transformations**: :func:`rebalance` (rank_imbalance: a slow rank's stretches of host
+work longer than any of the median rank's are cut to it) and :func:`overlap`
+(exposed_communication: collectives run behind compute, issued from C++, as DDP's bucketed
+all-reduce is), applied by :func:`cross_fix`; :func:`fix_steps` prices them on the job, the
+slowest rank's replayed step before and after (docs/replay.md, "Cross-rank replay").
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ def build_job(traces: Sequence[RankTrace]) -> Graph:
 @dataclass(frozen=True)
 class RankGraph:
     """One rank's graph as built alone, with what joining it to the others needs: its clock's
-    origin and its communication kernels (:func:`comm_rows`). Small enough to cross processes."""
+    origin, its communication kernels (:func:`comm_rows`) and the host calls that issued them
+    (:func:`issuing_calls`). Plain arrays and one small frame: what a worker sends back."""
 
     graph: Graph
     t0_epoch_ns: int
@@ -309,7 +312,9 @@ def overlap(g: Graph, sel: np.ndarray, keep_last: bool = True, issue: np.ndarray
     calls = np.zeros(g.n_host, dtype=bool) if issue is None else issue.copy()
     calls[g.a_launch[sel & (g.a_launch >= 0)]] = True
     kept = np.zeros(g.n_host, dtype=bool)
-    kept[g.a_launch[~sel & (g.a_launch >= 0)]] = True  # the kept bucket is still issued
+    # launches of work that stays (the kept collective, copies or kernels inside the issuing ops)
+    # cost what they did
+    kept[g.a_launch[~sel & (g.a_launch >= 0)]] = True
     return shrink_host(g, calls & ~kept, 0.0)
 
 
