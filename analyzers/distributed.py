@@ -176,8 +176,21 @@ def plan(parts: Sequence[RankPart], detail: SlowDetail, active: Sequence[str] = 
     (:func:`replayed_share`)."""
     out = _plan(parts, detail, active)
     if replay is not None and out and len(parts) > 1:
-        _replay(out, replay)
+        events = sum(p.meta.events for p in parts)
+        if events <= JOB_REPLAY_MAX_EVENTS:
+            _replay(out, replay)
+        else:
+            for cc in {id(cc): cc for ccs in out.values() for cc in ccs}.values():
+                cc.evidence["replay_not_used"] = (f"the job's {events:,} trace events are more than the cross-rank "
+                                                  f"replay builds in one process ({JOB_REPLAY_MAX_EVENTS:,})")
     return out
+
+
+#: The most trace events (all ranks) whose job graph the cross-rank replay builds in the driver:
+#: a graph node is ~200 bytes and a trace has ~3 nodes per 14 events (ddp_good, gpt_bf16), so
+#: ~1 GB at this size; 8 ranks of 100k kernels are ~11M events. Above it the cross-rank findings
+#: keep their own estimates, saying why.
+JOB_REPLAY_MAX_EVENTS = 20_000_000
 
 
 def _replay(out: dict[int, list[CrossCandidate]], replay: JobReplay) -> None:

@@ -196,3 +196,14 @@ def test_eight_ranks_of_100k_kernels_replay_in_seconds() -> None:
     for i, steps in enumerate(r.steps_ms):
         traced = ts[i % 2].steps["time"].to_numpy() / 1000.0
         assert np.median(np.abs(np.array(steps) / traced - 1)) < 0.03
+
+
+def test_a_job_too_big_for_one_process_keeps_the_arithmetic(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuprof.analyzers import distributed
+
+    monkeypatch.setattr(distributed, "JOB_REPLAY_MAX_EVENTS", 1)
+    a = gpuprof.analyze(str(SAMPLES / "ddp_manual_allreduce"), step_ms=step_ms("ddp_manual_allreduce"), workers=1,
+                        cache=False)
+    (f,) = [f for f in a.findings if f.category == "exposed_communication"]
+    assert "replay_before_ms" not in f.evidence and "replay_not_used" in f.evidence
+    assert f.evidence["estimate"] != "replay" and f.estimated_savings_ms > 0
