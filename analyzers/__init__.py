@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpuprof.analyzers import (
     allocator,
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from gpuprof.api import Analysis
     from gpuprof.ranks import RankPart
     from gpuprof.specs import GpuSpec
+    from gpuprof.trace.model import RankTrace
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,7 @@ def replayed(one_rank: Analysis, candidates: Sequence[Candidate], contribs: list
     from gpuprof.replay import fixes
 
     (part,) = one_rank.parts
+    contribs = [distributed.replayed_share(c, part.n_steps) for c in contribs]
     (view,) = views(one_rank)
     p = fixes.plan(view, kept_units(candidates, part.n_steps), part.unprofiled_step_ms)
     if p is None:
@@ -176,7 +178,7 @@ def replayed(one_rank: Analysis, candidates: Sequence[Candidate], contribs: list
         got = priced.get(c.id)
         if got is None:
             ev = c.evidence
-            if c.category in fixes.NOT_USED_WHY and c.units:
+            if c.category in fixes.NOT_USED_WHY and c.units and "replay_before_ms" not in ev:  # one rank
                 ev = {**ev, "replay_not_used": fixes.NOT_USED_WHY[c.category]}
             out.append(replace(c, evidence=ev))
             continue
@@ -189,16 +191,30 @@ def contributions_in_memory(analysis: Analysis, only: Sequence[str] | None = Non
                             registry: Sequence[Analyzer] | None = None
                             ) -> tuple[list[Contribution], list[dict[str, str]]]:
     """Every rank's contributions (and the skips) for an analysis whose ranks are in memory."""
+    from gpuprof.replay.ranks import fix_steps, rank_graph
+
     active, skipped = select(analysis.parts, analysis.spec, only, registry)
     results = {r.trace.meta.rank: r for r in analysis.ranks}
     names = [a.name for a in active]
     cross = distributed.plan(analysis.parts, lambda slow, waits, waiting: distributed.slow_detail(
-        results[slow], waits, waiting), names)
+        results[slow], waits, waiting), names, replay=lambda cats: fix_steps(
+        [rank_graph(r.trace) for r in analysis.ranks], analysis.parts[0].unprofiled_step_ms, cats))
     contribs: list[Contribution] = []
     for part in analysis.parts:
         one = analysis.one_rank(part.rank)
         contribs.extend(rank_contributions(one, active, cross.get(part.rank, ())))
     return contribs, skipped
+
+
+def job_graph(traces: Sequence[RankTrace], real_step_ms: float | None) -> tuple[Any, list[Any]] | None:
+    """The job's graph for the cross-rank replay (gpuprof.replay.ranks), deflated when the
+    unprofiled step time is known, and its ranks' parts; None for one rank."""
+    from gpuprof.replay.ranks import job, rank_graph
+
+    if len(traces) < 2:
+        return None
+    parts = [rank_graph(t) for t in traces]
+    return job(parts, real_step_ms), parts
 
 
 def findings_of(parts: Sequence[RankPart], contribs: Sequence[Contribution]) -> list[Finding]:

@@ -324,7 +324,11 @@ class Analysis:
     def what_if(self, ids: Sequence[str]) -> dict[str, Any]:
         """Replayed step time (ms, steady state) with the fixes of the findings ``ids`` applied
         together, beside the unchanged replay, and the time per step by class after them.
-        Ids that are not this analysis's replayable findings are listed in ``not_applied``."""
+        Ids that are not this analysis's replayable findings are listed in ``not_applied``.
+        Several ranks: the job is replayed across ranks (gpuprof.replay.ranks) and the step time is
+        the slowest rank's; ``by_class_ms`` is not computed there."""
+        if len(self.parts) > 1:
+            return self._what_if_job(list(ids))
         p = self._plan()
         if p is None:
             raise GpuprofError("what-if needs one rank whose trace replays (several ranks: analyse one rank's trace)")
@@ -332,6 +336,44 @@ class Analysis:
         return {"before_ms": p.before_ms, "step_time_ms": p.after_ms(ids), "by_class_ms": p.by_class_ms(ids),
                 "applied": sorted(i for i in set(ids) if i in p.units),
                 "not_applied": sorted(i for i in set(ids) if i not in p.units)}
+
+    def _what_if_job(self, ids: list[str]) -> dict[str, Any]:
+        """:meth:`what_if` for several ranks: each rank's findings applied to its part of the job
+        graph as for one rank (its units, gpuprof.replay.fixes), the cross-rank ones by their
+        cross-rank transformation; step times are the slowest rank's."""
+        from gpuprof.analyzers import distributed, job_graph, rank_contributions, select
+        from gpuprof.replay import fixes
+        from gpuprof.replay.ranks import cross_fix, slowest_ms
+
+        got = job_graph([r.trace for r in self.ranks], self.parts[0].unprofiled_step_ms)
+        if got is None:
+            raise GpuprofError("what-if: the job has no graph to replay")
+        g, rank_graphs = got
+        before = slowest_ms(g)
+        by_id = {f.id: f for f in self.findings}
+        active, _ = select(self.parts, self.spec)
+        results = {r.trace.meta.rank: r for r in self.ranks}
+        # each rank's units after the cross-rank findings' claims, as in the analysis (a slow rank's
+        # idle gaps inside the others' waits belong to rank_imbalance, not to launch_overhead)
+        cross = distributed.plan(self.parts, lambda slow, waits, waiting: distributed.slow_detail(
+            results[slow], waits, waiting), [a.name for a in active])
+        applied: set[str] = set()
+        after = g
+        for part in self.parts:
+            rank_contributions(self.one_rank(part.rank), active, cross.get(part.rank, ()))
+            p = fixes.cached_plan(self.ranks[[q.rank for q in self.parts].index(part.rank)].trace)
+            if p is None:
+                continue
+            for i in sorted(set(ids) & set(p.units)):
+                after = fixes.apply(after, p.view, p.categories[i], p.units[i])
+                applied.add(i)
+        for i in sorted(set(ids)):
+            cat = by_id[i].category if i in by_id else None
+            if cat in ("rank_imbalance", "exposed_communication"):
+                after = cross_fix(cat, after, rank_graphs)
+                applied.add(i)
+        return {"before_ms": before, "step_time_ms": slowest_ms(after), "by_class_ms": None,
+                "applied": sorted(applied), "not_applied": sorted(set(ids) - applied)}
 
     def _projection(self) -> dict[str, Any]:
         """``projected_step_time_ms``: every high- and medium-confidence fix applied in one replay,
@@ -744,6 +786,39 @@ def findings_job(job: Job, part: RankPart, active: Sequence[str], cross: Sequenc
     return got
 
 
+def graph_job(job: Job) -> Any:
+    """Worker: one rank's dependency graph, ready to join the others' (gpuprof.replay.ranks)."""
+    from gpuprof.replay.ranks import rank_graph
+
+    r, _ = load_rank(job)
+    return rank_graph(r.trace)
+
+
+def _job_replay(ex: _Exec, jobs: Sequence[Job], real_step_ms: float | None, categories: Sequence[str]
+                ) -> dict[str, list[float]]:
+    """The cross-rank findings' replay (gpuprof.replay.ranks.fix_steps): each rank's graph built
+    by the workers, joined here; filed in the results cache under every rank's content, so an
+    unchanged job is not loaded again for it."""
+    from gpuprof.replay.ranks import fix_steps
+    from gpuprof.trace import cache as pcache
+
+    def key() -> str | None:
+        keys = [job_key(j, "graph") for j in jobs]
+        return pcache.result_key("job_replay", tuple(keys), real_step_ms, tuple(categories)) if all(keys) else None
+
+    kind = dict[str, list[float]]
+    root = Path(jobs[0].cache_root) if jobs and jobs[0].cache_root else None
+    before = key()
+    if before is not None:
+        hit: dict[str, list[float]] | None = pcache.get_result(before, kind, root)
+        if hit is not None:
+            return hit
+    out = fix_steps(ex.map(graph_job, jobs), real_step_ms, categories)
+    if before is not None and key() == before:  # the files did not change meanwhile
+        pcache.put_result(before, out, kind, root)
+    return out
+
+
 def slow_job(job: Job, waits: pd.DataFrame, waiting: int) -> dict[str, Any]:
     from gpuprof.analyzers.distributed import slow_detail
 
@@ -915,7 +990,7 @@ def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | 
         names = [a.name for a in active]
         job_of = {p.rank: j for p, j in zip(parts, jobs)}
         cross = distributed.plan(parts, lambda slow, waits, waiting: ex.call(slow_job, job_of[slow], waits, waiting),
-                                 names)
+                                 names, replay=lambda cats: _job_replay(ex, jobs, step_ms, cats))
         contribs = ex.map(findings_job, jobs, parts, [names] * len(parts), [cross.get(p.rank, []) for p in parts],
                           stage="analysed")
     fixes, notes = _findings(findings_of(parts, [c for cs in contribs for c in cs]))

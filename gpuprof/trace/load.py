@@ -58,6 +58,7 @@ class _Args(msgspec.Struct, omit_defaults=True):
     dtype: Any = None
     pg_name: Any = msgspec.field(default=None, name="Process Group Name")
     pg_id: Any = msgspec.field(default=None, name="Process Group ID")
+    seq: Any = msgspec.field(default=None, name="Seq")  # a collective's sequence number in its group (Kineto, 2026)
     name: Any = None
     # [memory] instants (profile_memory=True): the allocation's size (negative: freed) and totals after it
     alloc_bytes: Any = msgspec.field(default=None, name="Bytes")
@@ -342,6 +343,7 @@ def _kernel_cols(evs: list[_Event], names: dict[str, int]) -> dict[str, Any]:
     cols["out_nelems"] = _num(_col(a, "out_msg_nelems"))
     cols["group_size"] = _num(_col(a, "group_size"), "int64")
     cols["process_group"] = _strs([x.pg_name if x.pg_name is not None else x.pg_id for x in a], strs, as_str=True)
+    cols["coll_seq"] = _num(_col(a, "seq"), "int64")
     return cols
 
 
