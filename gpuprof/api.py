@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 import gpuprof
+from gpuprof import cache_keys
 from gpuprof.errors import GpuprofError, TraceError, UsageError
 from gpuprof.findings import Finding
 from gpuprof.ranks import (
@@ -44,7 +45,7 @@ from gpuprof.specs import GpuSpec, resolve
 from gpuprof.timeline import CLASSES
 from gpuprof.trace.model import RankTrace, TraceMeta
 
-TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
+TRACE_SUFFIXES = cache_keys.TRACE_SUFFIXES
 SCHEMA_VERSION = 1
 
 

@@ -10,8 +10,10 @@ cached report needs.
 A stored report is keyed by gpuprof's own source (every ``.py`` file of gpuprof, its analyzers
 and reports), the cache format, the report's options and, per trace file, its resolved path and
 the key of the bytes the report was computed from (what the analysis parsed, not what the file
-holds when the report is stored). Only reports of trace *files* are stored: folders and run
-folders bring a manifest, NVML samples and a listing that the key would also have to cover.
+holds when the report is stored). Reports of trace files and of plain folders of trace files
+(listed as :func:`gpuprof.api.find_traces` lists them, the listing in the key) are stored; run
+folders (a manifest, or what a killed recorder left in ``traces/``) are not: their manifest and
+NVML samples would have to be covered too.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import msgspec
 
 import gpuprof
 
+#: What a trace file's name ends with (folders are listed by it).
+TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
 FORMAT = 6  # 5: runtime kind/op, kernels in_graph/name_class, meta graph counts (issue 10), python frames; 6: memory
 
 
@@ -112,23 +116,49 @@ def result_file(key: str, root: Path | None = None) -> Path:
 
 # --- the report cache -----------------------------------------------------------------------
 
-def report_key(paths: list[Path], fmt: str, options: tuple[Any, ...], contents: list[str] | None = None
+def trace_files(paths: list[Path]) -> list[Path] | None:
+    """The trace files a report of ``paths`` reads: files as given, plain folders' trace files;
+    None when a path is neither (a run folder, a FIFO, missing: not stored)."""
+    out: list[Path] = []
+    for p in paths:
+        if p.is_symlink():
+            return None
+        if p.is_file():
+            out.append(p)
+            continue
+        if not p.is_dir() or (p / "manifest.json").exists() or (p / "traces").exists():
+            return None
+        found = sorted(f for f in p.iterdir() if f.name.endswith(TRACE_SUFFIXES) and f.name != "manifest.json"
+                       and not f.name.endswith(".meta.json") and f.is_file())
+        if not found or any(f.is_symlink() for f in found):
+            return None
+        out.extend(found)
+    return out
+
+
+def report_key(paths: list[Path], fmt: str, options: tuple[Any, ...], contents: dict[str, str] | None = None
                ) -> str | None:
-    """The key of the ``fmt`` report of the trace files ``paths`` with ``options`` (None when a
-    path is not a regular file, or a spec file in ``options`` cannot be read: not stored).
-    ``contents``: the content key of each file's bytes as parsed (what a report is stored
-    under); without it, each file's current key (what a lookup uses)."""
+    """The key of the ``fmt`` report of ``paths`` with ``options`` (None when it is not stored:
+    see :func:`trace_files`). ``contents``: the content key of each trace file's bytes as parsed,
+    by resolved path (what a report is stored under); without it, each file's current key (what
+    a lookup uses)."""
     from gpuprof.errors import GpuprofError
 
     try:
-        if not all(p.is_file() and not p.is_symlink() for p in paths):
+        files = trace_files(paths)
+        if files is None:
             return None
+        resolved = [str(f.resolve()) for f in files]
         if contents is None:
-            contents = [content_key(p) for p in paths]
+            keys = [content_key(f) for f in files]
+        elif set(contents) == set(resolved):
+            keys = [contents[r] for r in resolved]
+        else:  # the analysis read other files than are here now
+            return None
     except (OSError, GpuprofError):
         return None
-    files = tuple((str(p.resolve()), c) for p, c in zip(paths, contents))
-    return result_key(source_hash(), "report", fmt, files, options)
+    return result_key(source_hash(), "report", fmt, tuple(str(p) for p in paths), tuple(zip(resolved, keys)),
+                      options)
 
 
 def spec_digest(spec_file: str | None) -> str | None:

@@ -236,13 +236,9 @@ def _store_report(analysis: Any, paths: list[Path], fmt: str, options: tuple[Any
     from gpuprof.trace import cache as pcache
 
     by_path = {j.path: p.meta.content_key for j, p in zip(analysis.jobs, analysis.parts)}
-    try:
-        contents = [by_path.get(str(p.resolve())) for p in paths]
-    except OSError:
+    if any(c is None for c in by_path.values()):
         return
-    if len(by_path) != len(paths) or any(c is None for c in contents):
-        return
-    key = cache_keys.report_key(paths, fmt, options, [str(c) for c in contents])
+    key = cache_keys.report_key(paths, fmt, options, {k: str(c) for k, c in by_path.items()})
     if key is not None:
         pcache.put_result(key, text, str)
 

@@ -150,3 +150,17 @@ def test_loader_columns_on_a_chunk_boundary(tmp_path: Path, monkeypatch: pytest.
             if hasattr(x[c], "cat"):
                 assert list(x[c].cat.categories) == list(y[c].cat.categories), (f, c)
         assert x.equals(y), f
+
+
+def test_a_folder_of_rank_traces_is_stored_by_its_listing(tmp_path: Path) -> None:
+    import os
+
+    env = {**os.environ, "GPUPROF_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    ranks = tmp_path / "ranks"
+    shutil.copytree(SAMPLES / "ddp_good", ranks)
+    first, _ = _report(ranks, env)
+    again, heavy = _report(ranks, env)
+    assert again == first and heavy == []
+    (ranks / "rank1.json.gz").unlink()  # another listing: analysed again
+    one, heavy_one = _report(ranks, env)
+    assert "pandas" in heavy_one and len(json.loads(one)["source"]["paths"]) == 1
