@@ -245,6 +245,8 @@ def main() -> None:
                 hta = a.hta_python if mb not in hta_only or shape in hta_only[mb] else None
                 r = row(shape, mb, Path(d), hta, a.repeat)
                 rows.append(r)
+                if a.json:  # after every row: a run cut short keeps what it measured
+                    Path(a.json).write_text(json.dumps(rows, indent=1))
                 print(json.dumps({k: r[k] for k in ("shape", "mb", "cold", "results_cache", "hta")}), file=sys.stderr,
                       flush=True)
     if a.json:
