@@ -214,7 +214,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {r['label']} | {r['mb']:.0f} | {r['events']:,} | {t(cold)}, {s(cold, 'peak_rss_mb', '{:.0f} MB')} | "
             f"{t(r['parse_cache'])} | {t(r['results_cache'])}{mark(v['cached'])} | "
-            f"{t(hta)}, {s(hta, 'peak_rss_mb', '{:.0f} MB')} | {vs} | {ld} | "
+            f"{(t(hta) + ', ' + s(hta, 'peak_rss_mb', '{:.0f} MB')) if 'seconds' in hta else 'not run'} | {vs} | {ld} | "
             f"{r['load_avg_1m'][0]}–{r['load_avg_1m'][1]} |")
     return "\n".join(lines)
 
