@@ -155,6 +155,9 @@ def rank_contributions(one_rank: Analysis, active: Sequence[Analyzer], cross: Se
             (view,) = views(one_rank)
             candidates.extend(to_candidate(cc, view) for cc in cross)
         out: list[Contribution] = claim(part.rank, candidates, part.n_steps)
+        from gpuprof.views import keep_candidates  # the views' claims reuse them (no second run)
+
+        keep_candidates(one_rank, candidates)
         return replayed(one_rank, candidates, out)
     finally:
         release_views(one_rank)

@@ -353,9 +353,10 @@ def test_results_round_trip_exactly() -> None:
     for path in (SAMPLES / "gpt_bf16.json.gz", SAMPLES / "run_gpt_bf16", SAMPLES / "ddp_slow_rank" / "rank1.json.gz"):
         a = gpuprof.analyze(path, cache=False)
         contribs, _ = contributions_in_memory(a)
-        value = (a.parts, a.spec, contribs)
+        value = (a.parts, a.spec, contribs, a._replay_figures())  # (the summary's replayed figures too)
         back = cache.decode(cache.encode(value), _single_result_type())
-        assert cache.same(back, value)
+        assert cache.same(back, value) and back[3] == a._replay_figures()
+        assert cache.same(cache.decode(cache.encode((*value[:3], None)), _single_result_type()), (*value[:3], None))
         part = back[0][0]
         for name in ("steps", "kernels", "collectives"):
             pd.testing.assert_frame_equal(getattr(part, name), getattr(a.parts[0], name), check_exact=True)
