@@ -167,6 +167,15 @@ def test_match_process_range() -> None:
     assert joined["trace_index"].tolist() == k.index.tolist()
 
 
+def test_match_pairs_a_differently_spelled_launch_by_position() -> None:
+    """A name one tool spells apart (Kineto left it mangled) between two aligned stretches."""
+    k = _synthetic_kernels()
+    k.loc[102, "name"] = "_ZN17cutlass__5x_cudnn6KernelINS_4conv6kernel"
+    joined, _ = nc.match(k, _ncu_rows(["gemm_a", "add", "Kernel<cutlass_conv>", "gemm_a", "adam"]))
+    assert joined["trace_index"].tolist() == [100, 101, 102, 103, 109]
+    assert joined["by_position"].tolist() == [False, False, True, False, False]
+
+
 def test_bad_input_is_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "ncu.csv"
     bad.write_text("==PROF== nothing profiled\n")

@@ -175,20 +175,29 @@ def _candidates(k: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
 
 def match(k: pd.DataFrame, ncu: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     """ncu rows joined to the trace kernel each one measured (only rows that matched), with the
-    trace kernel's index in ``trace_index``, and which trace sequence they were aligned to."""
+    trace kernel's index in ``trace_index``, and which trace sequence they were aligned to.
+
+    Between two aligned stretches, a run of ncu rows and a run of trace kernels of the same length
+    are the same launches whose names the two tools spell apart (a name Kineto left mangled, say):
+    they are paired in order, flagged ``by_position``. The candidate sequence is chosen on exact
+    name matches only."""
     theirs = ncu["key"].tolist()
-    best: tuple[int, int, str, list[tuple[int, int]]] = (-1, 0, "", [])
+    best: tuple[int, int, str, list[tuple[int, int, bool]]] = (-1, 0, "", [])
     for what, seq in _candidates(k):
         keys = seq["name"].astype(str).map(kernel_key).tolist()
-        blocks = difflib.SequenceMatcher(None, theirs, keys, autojunk=False).get_matching_blocks()
-        pairs = [(b.a + i, int(seq.index[b.b + i])) for b in blocks for i in range(b.size)]
-        if (len(pairs), -len(seq)) > (best[0], best[1]):
-            best = (len(pairs), -len(seq), what, pairs)
+        pairs: list[tuple[int, int, bool]] = []
+        for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, theirs, keys, autojunk=False).get_opcodes():
+            if op == "equal" or (op == "replace" and i2 - i1 == j2 - j1):
+                pairs += [(i1 + d, int(seq.index[j1 + d]), op != "equal") for d in range(i2 - i1)]
+        exact = sum(not p[2] for p in pairs)
+        if (exact, -len(seq)) > (best[0], best[1]):
+            best = (exact, -len(seq), what, pairs)
     ia = np.array([p[0] for p in best[3]], dtype=int)
     ib = np.array([p[1] for p in best[3]], dtype=int)
     cols = ["name", "dur", "bound", "roofline_pct", "family", "fallback_gemm"]
     joined = pd.concat([ncu.iloc[ia].reset_index(drop=True), k.loc[ib, cols].reset_index(drop=True)], axis=1)
     joined["trace_index"] = ib
+    joined["by_position"] = np.array([p[2] for p in best[3]], dtype=bool)
     return joined, best[2]
 
 
@@ -249,7 +258,7 @@ def shipped_pairs() -> list[tuple[Path, Path]]:
 
 def print_one(r: Result) -> None:
     print(f"{r.program}: {r.ncu_kernels} kernels in ncu's range, {r.matched} matched to trace instances "
-          f"({r.aligned_to}), {len(r.table)} modelled by gpuprof, {r.compared_us / 1e3:.2f} ms compared "
+          f"({r.aligned_to}; {int(r.table['by_position'].sum())} of the modelled by position), {len(r.table)} modelled by gpuprof, {r.compared_us / 1e3:.2f} ms compared "
           f"({r.unknown_us / 1e3:.2f} ms unknown to gpuprof, not compared)")
     for col, what in (("ok", "SM% vs Memory Throughput% (busiest of L1/L2/DRAM)"), ("ok_dram", "SM% vs DRAM%"),
                       ("ok_busier", "busier unit at any level (stricter)")):
