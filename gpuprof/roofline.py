@@ -15,6 +15,17 @@ dtype whose roof applies; the roofline time ``max(flops / peak, bytes / bandwidt
   or newer GPU. These issue ``mma.sync`` from shared memory and are limited by the on-chip memory
   pipes and issue rate, not by the tensor peak (Nsight Compute: memory pipes ~80 %, SM ~35 %), so
   they are ``memory``-bound (``latency`` only when short), however far below the tensor roof.
+* ``issue_bound``: on a Hopper or newer GPU, TensorIterator's scalar elementwise paths, which
+  move one element per load/store instruction and add integer work per element: the legacy
+  ``elementwise_kernel<nt, vt, ...>`` (non-contiguous or broadcast operands: an OffsetCalculator
+  divides each element's index by every dimension's size, for every operand) and
+  ``unrolled_elementwise_kernel`` (contiguous, but a dtype switch per element for a dynamic
+  cast). At Hopper's bandwidth per instruction slot the SM's instruction issue, not DRAM, is
+  their busier unit (Nsight Compute on the H200: SM 48-61 %, DRAM 13-44 %, on every one in the
+  gpt samples), so they are ``compute``-bound (``latency`` when short and far below the roof);
+  ``roofline_pct`` stays against their bytes, which is what a vectorised kernel would move.
+  Their fix is the same as a memory-bound elementwise kernel's: fusion, contiguous operands,
+  no mixed-dtype arithmetic.
 * Layout transforms (cuDNN ``nchwToNhwcKernel``/``nhwcToNchwKernel`` around NCHW convolutions)
   take no share of their convolution's FLOPs (family ``layout``, cost unknown): they move data.
 
@@ -50,6 +61,8 @@ _TENSOR_CORE = re.compile(r"nvjet|gmma|wgmma|tensorop|hmma|imma|_mma|s1688|h1688
 _TF32_NAME = re.compile(r"tf32", re.IGNORECASE)
 PRE_HOPPER = re.compile(r"cutlass_75|cutlass_80|sm75_|sm80_|ampere_|turing_", re.IGNORECASE)
 LAYOUT_TRANSFORM = re.compile(r"nchwToNhwc|nhwcToNchw|nchw_?to_?nhwc|nhwc_?to_?nchw", re.IGNORECASE)
+# TensorIterator's scalar paths (module docstring): the legacy strided kernel and the dynamic-cast one.
+SCALAR_ELEMENTWISE = re.compile(r"\bunrolled_elementwise_kernel<|(?<![\w])elementwise_kernel<\s*\d+,\s*\d+,")
 
 
 def per_name(names: pd.Series, fn: Callable[[str], Any], dtype: Any = object) -> np.ndarray:
@@ -157,8 +170,11 @@ def classify(trace: RankTrace, spec: GpuSpec | None) -> pd.DataFrame:
     out["fallback_gemm"] = fallback
     # A fallback kernel's distance from the tensor roof says nothing about latency: only being short does.
     latency = known & (out["roofline_pct"].to_numpy() < LATENCY_PCT) & np.where(fallback, short, small)
-    bound = np.where(~known, "unknown", np.where(latency, "latency",
-                     np.where(fallback | (out["ai"].to_numpy() < ridge), "memory", "compute")))
+    issue = hopper & known & ~latency & ~matmul & per_name(k["name"], lambda n: bool(SCALAR_ELEMENTWISE.search(n)),
+                                                           dtype=bool)
+    out["issue_bound"] = issue
+    bound = np.where(~known, "unknown", np.where(latency, "latency", np.where(
+        issue, "compute", np.where(fallback | (out["ai"].to_numpy() < ridge), "memory", "compute"))))
     out["bound"] = pd.Categorical(bound, categories=["compute", "memory", "latency", "unknown"])
     out["cls"] = np.where(k["is_comm"].to_numpy(), "communication", bound)
     return out
