@@ -131,3 +131,19 @@ def test_scalar_elementwise_paths_are_issue_bound_on_hopper_only(tmp_path: Path)
     assert r["roofline_pct"].iloc[1] == pytest.approx(r["roofline_pct"].iloc[0])  # still against its bytes
     a100 = next(s for s in BUILTIN.values() if s.arch == "8.0")
     assert classify(t, a100)["bound"].astype(str).tolist()[:3] == ["memory"] * 3
+
+
+@pytest.mark.parametrize("dims,strides,want", [
+    # ResNet-50's threshold_backward: an NCHW gradient with a channels-last activation
+    ([[64, 2048, 7, 7], [64, 2048, 7, 7], []], [[100352, 49, 7, 1], [100352, 1, 14336, 2048], []], False),
+    # gpt_misaligned's head split: both operands strided, both unit-stride along the last dimension
+    ([[8, 4, 512, 255], [8, 4, 512, 255], []], [[524288, 131072, 256, 1], [1566720, 255, 3060, 1], []], True),
+    ([[64, 2048, 7, 7], []], [[2048, 1, 0, 0], []], True),  # a broadcast (stride 0) operand
+    ([[8, 512, 768], [512, 768], []], [[393216, 768, 1], [768, 1], []], True),  # aligned from the right
+    ([[8, 512, 768]], [[393216, 1536, 2]], False),  # every other element: no unit stride at all
+    ([[8, 512, 768]], None, True),  # no strides recorded: no evidence
+])
+def test_coalesced_operands(dims: list[object], strides: list[object] | None, want: bool) -> None:
+    """Real shapes and strides from the shipped traces (first four), and two made up."""
+    from gpuprof.roofline import coalesced
+    assert coalesced(dims, strides) is want

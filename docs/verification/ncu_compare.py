@@ -25,7 +25,9 @@ less ambiguous), so no flag says how a CSV was taken. Compared time is the trace
 matched instances gpuprof models; ``unknown`` ones have no class to compare and are left out.
 
 **ncu's class** follows ncu's own SOLBottleneck rule on SM% = "Compute (SM) Throughput" and
-MEM% = "Memory Throughput" (the busiest of L1/shared, L2 and DRAM, each as % of its peak):
+MEM% = "Memory Throughput" (``gpu__compute_memory_throughput``: the busiest memory pipeline, on
+chip or DRAM, as % of its peak; the section's separate "L1/TEX" and "L2 Cache Throughput" rows
+count cache bandwidth another way, reach 100-300 %, and are not used by the rule nor here):
 
 * a unit is *busy* at ``BUSY_PCT`` (60 %) or more: under that on both, ncu reports "latency
   issues" and names no binding unit (class ``latency``);
@@ -48,7 +50,7 @@ Why these definitions (the first version of this script differed):
   on a roof. Below it ncu's busier unit is weak evidence (a dynamic-cast copy at SM 56 % / DRAM
   44 % is far from both), so gpuprof's class is then checked for what it claims, "near a roof".
 * MEM%, not DRAM%: ``memory`` in gpuprof means a memory pipe, not the math units, is the limit,
-  and on-chip pipes count: pre-Hopper fallback GEMMs run L1/shared at 79-97 % with DRAM at 3-6 %.
+  and on-chip pipes count: pre-Hopper fallback GEMMs read MEM 79-97 % with DRAM at 3-6 %.
   The DRAM% view is printed as well. So is the stricter "busier unit" view (gpuprof must name the
   busier unit at any level; latency only under gpuprof's own 20 %), for comparison.
 
@@ -219,6 +221,13 @@ class Result:
         w = self.table["dur"]
         return 100.0 * float((w * self.table[col]).sum() / w.sum()) if w.sum() > 0 else float("nan")
 
+    def busy(self) -> tuple[float, float]:
+        """% of compared time on which ncu finds a unit busy (>= ``BUSY_PCT``), and the agreement there."""
+        w, busy = self.table["dur"], np.maximum(self.table["sm"], self.table["mem"]) >= BUSY_PCT
+        share = 100.0 * float(w[busy].sum() / w.sum()) if w.sum() > 0 else float("nan")
+        ok = 100.0 * float((w * self.table["ok"])[busy].sum() / w[busy].sum()) if w[busy].sum() > 0 else float("nan")
+        return share, ok
+
     def disagreeing(self, n: int = 3) -> pd.DataFrame:
         """The ``n`` kernel keys with the most disagreeing time."""
         bad = self.table[~self.table["ok"]]
@@ -242,17 +251,21 @@ def compare(trace: str | Path, ncu_csv: str | Path) -> Result:
                  ok=agrees(t["bound"].to_numpy(), roof, sm, mem),
                  ok_dram=agrees(t["bound"].to_numpy(), roof, sm, dram),
                  ok_busier=busier_agrees(t["bound"].to_numpy(), sm, mem))
-    return Result(Path(str(trace)).name.split(".")[0], len(ncu), len(joined), what, t,
+    return Result(Path(str(ncu_csv)).name.split(".")[0].removeprefix("ncu_"), len(ncu), len(joined), what, t,
                   float(joined.loc[unknown, "dur"].sum()))
 
 
 def shipped_pairs() -> list[tuple[Path, Path]]:
-    """Every docs/measurements/ncu_NAME.csv.gz that has its trace sample_traces/h200/NAME.json.gz."""
+    """Every docs/measurements/ncu_NAME.csv.gz with its trace: ncu_NAME.trace.json.gz beside it
+    where the trace was recorded with the ncu run (docs/measurements/README_ncu.md), else the
+    sample sample_traces/h200/NAME.json.gz of the same program."""
     out = []
     for c in sorted((ROOT / "docs" / "measurements").glob("ncu_*.csv.gz")):
-        t = ROOT / "sample_traces" / "h200" / (c.name[len("ncu_"):-len(".csv.gz")] + ".json.gz")
-        if t.exists():
-            out.append((t, c))
+        name = c.name[len("ncu_"):-len(".csv.gz")]
+        for t in (c.with_name(f"ncu_{name}.trace.json.gz"), ROOT / "sample_traces" / "h200" / f"{name}.json.gz"):
+            if t.exists():
+                out.append((t, c))
+                break
     return out
 
 
@@ -263,6 +276,7 @@ def print_one(r: Result) -> None:
     for col, what in (("ok", "SM% vs Memory Throughput% (busiest of L1/L2/DRAM)"), ("ok_dram", "SM% vs DRAM%"),
                       ("ok_busier", "busier unit at any level (stricter)")):
         print(f"  agreement, {what}: {r.agreement(col):.1f}% of compared time")
+    print(f"  ncu finds a unit busy on {r.busy()[0]:.0f}% of compared time; agreement there {r.busy()[1]:.1f}%")
     g = r.table.groupby(["key", "bound", "ncu", "ok"]).agg(
         n=("dur", "size"), trace_us=("dur", "sum"), roof_pct=("roofline_pct", "median"), sm=("sm", "median"),
         mem=("mem", "median"), dram=("dram", "median"), ncu_rule=("ncu_rule", "first"))
@@ -273,14 +287,15 @@ def print_one(r: Result) -> None:
 
 def all_table(results: list[Result]) -> str:
     """The markdown table ``--all --write`` puts in docs/verification.md."""
-    lines = ["| program | ncu kernels (matched to trace) | compared kernel time (not modelled) | agreement | by DRAM% | busier unit (stricter) "
+    lines = ["| program | ncu kernels (matched to trace) | compared kernel time (not modelled) | agreement "
+             "| ncu finds a unit busy: share of time, agreement there | by DRAM% | busier unit (stricter) "
              "| main disagreeing kernels: time (gpuprof / ncu; SM / MEM / DRAM %; gpuprof % of roof) |",
-             "|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|"]
     for r in results:
         bad = "; ".join(f"`{str(k)[:44]}` {row.us / 1e3:.2f} ms ({row.gpuprof} / {row.ncu}; {row.sm:.0f} / {row.mem:.0f} / "
                         f"{row.dram:.0f}; {row.roof:.0f})" for k, row in r.disagreeing().iterrows())
         lines.append(f"| {r.program} | {r.ncu_kernels} ({r.matched}) | {r.compared_us / 1e3:.2f} ms ({r.unknown_us / 1e3:.2f}) | "
-                     f"**{r.agreement():.1f} %** | {r.agreement('ok_dram'):.0f} % | {r.agreement('ok_busier'):.0f} % "
+                     f"**{r.agreement():.1f} %** | {r.busy()[0]:.0f} %, {r.busy()[1]:.1f} % | {r.agreement('ok_dram'):.0f} % | {r.agreement('ok_busier'):.0f} % "
                      f"| {bad or '-'} |")
     return "\n".join(lines)
 
