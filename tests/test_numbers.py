@@ -160,12 +160,20 @@ def test_every_recorded_run_folder_step_time_used_is_possible() -> None:
 # --- findings that save nothing, and the order -------------------------------------------
 
 def test_a_finding_that_saves_nothing_is_a_note_not_a_fix() -> None:
-    """ddp_slow_rank's exposed communication saves 0.03 ms of a 69.6 ms step (0.05 %)."""
-    doc = gpuprof.analyze(SAMPLES / "ddp_slow_rank").to_dict()
-    assert "exposed_communication" not in [f["category"] for f in doc["findings"]]
-    note = next(f for f in doc["notes"] if f["category"] == "exposed_communication")
-    assert 0 < note["estimated_savings_pct"] < NEGLIGIBLE_PCT
-    assert all(f["estimated_savings_pct"] >= NEGLIGIBLE_PCT or f["severity"] == "info" for f in doc["findings"])
+    """On the real multi-rank samples every finding left in the ranked list saves at least
+    NEGLIGIBLE_PCT of the step (or is informational), every note saves less, and ddp_slow_rank's
+    exposed communication (priced by the cross-rank replay, ~1.5 % of the step) stays far below its
+    slow rank. Which finding lands under the line changes with the estimators: the split itself is
+    checked on synthetic findings below."""
+    for name in ("ddp_slow_rank", "ddp_good", "ddp_manual_allreduce"):
+        doc = gpuprof.analyze(SAMPLES / name).to_dict()
+        assert all(f["estimated_savings_pct"] >= NEGLIGIBLE_PCT or f["severity"] == "info" for f in doc["findings"])
+        assert all(0 < n["estimated_savings_pct"] < NEGLIGIBLE_PCT for n in doc["notes"]), doc["notes"]
+        if name == "ddp_slow_rank":
+            cats = [f["category"] for f in doc["findings"]]
+            assert cats[0] == "rank_imbalance"
+            comm = [f for f in doc["findings"] + doc["notes"] if f["category"] == "exposed_communication"]
+            assert not comm or comm[0]["estimated_savings_pct"] < 0.05 * doc["findings"][0]["estimated_savings_pct"]
 
 
 def test_split_notes_on_synthetic_findings() -> None:
