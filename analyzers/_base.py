@@ -16,8 +16,11 @@ recorded host event is ``c = (traced step − real step) / host events per step`
 holding n recorded events would have lasted ``max(0, gap − c·n)``. The real idle time per step
 cannot exceed real step − GPU busy time; it is given out to sync bubbles first (device round
 trips, little host work), then input stalls, then launch gaps (host work throughout, which the
-profiler inflates most). Without the real step time gaps are taken as traced, at lower
-confidence.
+profiler inflates most). Without the real step time, ``c`` is estimated from the trace itself
+(:func:`bracket_cost_us`: the host time a wrapper op spends around its one child, a floor of the
+real cost) and gaps are deflated by it with no budget, at lower confidence. That keeps a trace
+whose profiler is costly (torch 1.8: over 10 µs per event) from reading its bookkeeping, dense in
+launch gaps and sparse in a DataLoader's Python, as launch overhead.
 """
 
 from __future__ import annotations
@@ -144,9 +147,11 @@ def bracket_cost_us(t: RankTrace) -> float:
     child's, and from the child's end to its own). Such a wrapper (``aten::linear`` around
     ``aten::addmm``, ``aten::conv2d`` around ``aten::convolution``) does one dispatch there, well
     under a microsecond without the profiler; what the trace shows is the profiler's bookkeeping
-    for one event. On the H200 samples whose unprofiled step is measured this is 0.5-1.3x the cost
-    measured from the step times (median 0.7x), so deflating by it takes out less than the
-    profiler added. 0 when the trace has no such ops (GPU-only traces)."""
+    for one event. On the 34 H200 samples whose unprofiled step is measured (and at least 1.3x
+    shorter than traced) this is 0.2-1.6x the cost measured from the step times, median 0.6x, and
+    at most 1.01x on all but ResNet-50 FP32 (1.6x: there the GPU hides part of the host's
+    slowdown, so the measured cost is low): deflating by it takes out less than the profiler
+    added. 0 when the trace has no such ops (GPU-only traces: no deflation)."""
     ops = t.ops
     if not len(ops) or "parent" not in ops.columns:
         return 0.0
@@ -446,9 +451,11 @@ def classify_gaps(r: RankResult) -> pd.DataFrame:
       the GPU, in one stretch of at least ``HOST_WORK_MIN_US`` (user Python, CPU preprocessing);
     * ``sync``: a synchronising call (``.item()``, ``.cpu()``, ``synchronize``) returned inside
       the gap: the GPU drained its queue and waits for the host to refill it; and the launch
-      gaps that follow such a call until the host is ahead of the GPU again (some kernel queued
-      before the previous one ended), since without the sync the host would still be ahead
-      (the trace's host is slowed by the profiler: behind in the trace is not behind for real).
+      gaps that follow such a call until the host is ahead of the GPU again (some work launched
+      at least one launch latency, the trace's own, before the previous ended), since without
+      the sync the host would still be ahead (the trace's host is slowed by the profiler: behind
+      in the trace is not behind for real); where the host never gets ahead again for the rest
+      of the step, it is behind with or without the call and those gaps stay ``launch``.
       Calls made inside a DataLoader span (pinning, collation), or with nothing in flight when
       their op began (a ``synchronize()`` before the step's first launch), do not count;
     * ``launch``: the next kernel was launched only after the gap began: the host could not
@@ -680,8 +687,10 @@ def gap_units(rank: int, g: pd.DataFrame, saved_us: pd.Series | np.ndarray | Non
     return {("gap", rank, int(i)): float(s) for i, s in zip(g.index, saved) if s > 0}
 
 
-HOST_NOTE = ("host time is as traced; torch.profiler slows the host (1.5-2.2x in docs/verification.md), so pass "
-             "--step-ms with the step time measured without the profiler to scale this estimate")
+HOST_NOTE = ("host gaps are deflated by the profiler's cost per event estimated from the trace's own op brackets, "
+             "a floor (median 0.6x the measured cost on the H200 samples); torch.profiler slows the host (1.5-2.2x in "
+             "docs/verification.md), so pass --step-ms with the step time measured without the profiler to scale "
+             "this estimate")
 
 
 _VIEWS: dict[int, tuple[Analysis, list[RankView]]] = {}
