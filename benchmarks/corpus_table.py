@@ -139,7 +139,29 @@ def markdown(rs: list[Row]) -> str:
         verdict = "—" if r["right"] is None else ("yes" if r["right"] else "**no**")
         lines.append("| " + " | ".join(_cell(str(x)) for x in (
             r["trace"], r["gpu"], r["torch"], r["top"], r["documented"], verdict, r["why"])) + " |")
+    twins = _twins(rs)
+    if twins:
+        lines += ["", "## One program on two GPUs", "",
+                  "Traces whose names differ only in the GPU prefix (`h100__`, `mi300__`): one program, so where "
+                  "the defect is the same the diagnosis should be.", "",
+                  "| program | top findings on each GPU | same top? |", "|---|---|---|"]
+        for program, by_gpu in twins:
+            tops = {g: r["findings"][0][0] if r["findings"] else "(none)" for g, r in by_gpu.items()}
+            cells = "; ".join(f"{g}: " + ", ".join(f"{c} {x:.1f} %" for c, x in r["findings"][:3])
+                              for g, r in by_gpu.items())
+            lines.append(f"| {_cell(program)} | {_cell(cells)} | {'yes' if len(set(tops.values())) == 1 else '**no**'} |")
     return "\n".join(lines) + "\n"
+
+
+def _twins(rs: list[Row]) -> list[tuple[str, dict[str, Row]]]:
+    """Rows grouped by the trace name after its GPU prefix (``tracelens/h100__X`` and
+    ``tracelens/mi300__X``), where two or more GPUs ran it."""
+    groups: dict[str, dict[str, Row]] = {}
+    for r in rs:
+        m = re.match(r"(?:.*/)?(h100|h200|mi300|mi210|b200)__(.+)$", r["trace"])
+        if m:
+            groups.setdefault(m.group(2), {})[m.group(1)] = r
+    return sorted((k, dict(sorted(v.items()))) for k, v in groups.items() if len(v) >= 2)
 
 
 def main() -> None:
