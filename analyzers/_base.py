@@ -451,11 +451,12 @@ def classify_gaps(r: RankResult) -> pd.DataFrame:
       the GPU, in one stretch of at least ``HOST_WORK_MIN_US`` (user Python, CPU preprocessing);
     * ``sync``: a synchronising call (``.item()``, ``.cpu()``, ``synchronize``) returned inside
       the gap: the GPU drained its queue and waits for the host to refill it; and the launch
-      gaps that follow such a call until the host is ahead of the GPU again (some work launched
-      at least one launch latency, the trace's own, before the previous ended), since without
-      the sync the host would still be ahead (the trace's host is slowed by the profiler: behind
-      in the trace is not behind for real); where the host never gets ahead again for the rest
-      of the step, it is behind with or without the call and those gaps stay ``launch``.
+      gaps that follow such a call until the host is ahead of the GPU again (some kernel queued
+      before the previous one ended), since without the sync the host would still be ahead
+      (the trace's host is slowed by the profiler: behind in the trace is not behind for real);
+      where the host is never truly ahead again for the rest of the step (work queued at least
+      one launch latency, the trace's own, before the GPU ran dry) it is behind with or without
+      the call, and those gaps stay ``launch``.
       Calls made inside a DataLoader span (pinning, collation), or with nothing in flight when
       their op began (a ``synchronize()`` before the step's first launch), do not count;
     * ``launch``: the next kernel was launched only after the gap began: the host could not
@@ -501,12 +502,14 @@ def classify_gaps(r: RankResult) -> pd.DataFrame:
     acts = pd.concat([t.kernels[["ts", "end", "launch_ts"]], t.memcpys[["ts", "end", "launch_ts"]]]
                      ).sort_values("ts", kind="stable")
     nxt_launch = acts["launch_ts"].shift(-1).to_numpy()
-    # The host is ahead where it launched the next work at least one launch latency before the GPU
-    # ran dry (so the GPU did not wait for it): the latency is the trace's own, the median time from
-    # launch to start of work launched onto an idle GPU (about 7 µs on CUDA, 20 µs on ROCm here).
+    ahead = np.sort(acts["end"].to_numpy()[nxt_launch <= acts["end"].to_numpy()])
+    # Truly ahead: the next work launched at least one launch latency before the GPU ran dry, so
+    # the GPU did not wait for it. The latency is the trace's own, the median time from launch to
+    # start of work launched onto an idle GPU (about 7 µs on CUDA, 18 µs on ROCm here): a launch
+    # 4 µs before the end on an MI300X still leaves the GPU idle.
     on_idle = late & (g["next_launch_ts"].to_numpy() <= ge)
     latency = float(np.median(ge[on_idle] - g["next_launch_ts"].to_numpy()[on_idle])) if on_idle.any() else 0.0
-    ahead = np.sort(acts["end"].to_numpy()[nxt_launch + latency <= acts["end"].to_numpy()])
+    truly_ahead = np.sort(acts["end"].to_numpy()[nxt_launch + latency <= acts["end"].to_numpy()])
     st_sorted = t.steps.sort_values("start")
     st_s, st_e = st_sorted["start"].to_numpy(dtype=float), st_sorted["end"].to_numpy(dtype=float)
 
@@ -551,13 +554,13 @@ def classify_gaps(r: RankResult) -> pd.DataFrame:
         regained = np.searchsorted(ahead, gs) - np.searchsorted(ahead, last)
         refill = late & (lo > 0) & (regained == 0)
         if refill.any():
-            # A host that never gets ahead of the GPU again for the rest of the step after the
-            # call is behind with or without it: tiny kernels each launched after the last one
+            # A host that is never truly ahead of the GPU again for the rest of the step after
+            # the call is behind with or without it: tiny kernels each launched after the last one
             # ended leave the same gaps with no sync at all, so those are launch gaps. The call
             # owns its refill only where the host does get ahead again within the step.
             ci = lo[refill] - 1
-            nxt = np.searchsorted(ahead, se, side="right")
-            first_ahead = np.r_[ahead, np.inf][nxt]
+            nxt = np.searchsorted(truly_ahead, se, side="right")
+            first_ahead = np.r_[truly_ahead, np.inf][nxt]
             refill[refill] = (first_ahead <= step_end_of(se))[ci]
         return (hi > lo) | refill, np.where(hi > lo, se[np.maximum(hi - 1, 0)], last) if len(se) else last
 
