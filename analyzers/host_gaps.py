@@ -55,7 +55,8 @@ def _common(v: RankView, g: pd.DataFrame) -> dict[str, Any]:
     ev: dict[str, Any] = {"rank": v.rank, "gaps_per_step": round(len(g) / v.n_steps, 1),
                           "idle_ms_per_step_traced": round(ms(g["dur"].sum()) / v.n_steps, 3),
                           "idle_ms_per_step_without_profiler": round(ms(g["real_dur"].sum()) / v.n_steps, 3),
-                          "profiler_cost_per_host_event_us": round(v.event_cost_us, 3)}
+                          "profiler_cost_per_host_event_us": round(v.event_cost_us, 3),
+                          "profiler_cost_from": "step times" if v.event_cost_measured else "op brackets (estimate)"}
     if not v.host_scale_known:
         ev["note"] = HOST_NOTE
     return ev
