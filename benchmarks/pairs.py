@@ -17,16 +17,6 @@ def pairs() -> list[tuple[str, str, str, bool]]:
     return [(p["category"], p["bad"], p["good"], bool(p["realised_saving"])) for p in doc["pairs"]]
 
 
-def depth_pairs() -> list[tuple[str, str, str, bool]]:
-    """The issue #10/#12 pairs of sample_traces/h200/depth_pairs.json whose expected category is
-    one gpuprof has (pairs of rules not built yet, or without a fixed twin, are left out)."""
-    from gpuprof.findings import CATEGORIES
-
-    doc = json.loads((H200 / "depth_pairs.json").read_text())
-    return [(p["expect"], p["bad"], p["good"], True) for p in doc["pairs"]
-            if p.get("expect") in CATEGORIES and p.get("good")]
-
-
 def trace_path(name: str) -> Path:
     """A pair member's trace: a folder of rank traces, or one file."""
     return H200 / name if (H200 / name).is_dir() else H200 / f"{name}.json.gz"
