@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pandas as pd
 
 from gpuprof.errors import GpuprofError
 from gpuprof.replay import Graph, build, calibrate, deflate, run
@@ -135,29 +136,96 @@ def apply(g: Graph, v: RankView, category: str, units: dict[tuple[Any, ...], flo
     gi = np.fromiter((u[2] for u in units if u[0] == "gap"), np.int64)
     if len(gi) and not v.gaps.empty:
         saved = np.fromiter((s for u, s in units.items() if u[0] == "gap"), float, len(gi))
-        gp = v.gaps.loc[gi]
-        real = gp["real_dur"].to_numpy(dtype=float)
-        share = np.clip(saved / np.maximum(real, 1e-9), 0.0, 1.0)
-        lo = gp["start"].to_numpy(dtype=float)
-        nl = gp["next_launch_ts"].to_numpy(dtype=float)
-        hi = np.where(np.isfinite(nl) & (nl > lo), nl, gp["end"].to_numpy(dtype=float))
-        i = g.ranks.index(rank)
-        mine = np.flatnonzero(g.h_rank == i)
-        ts = g.h_ts[mine] - g.rank_offset_us[i]
-        end = g.h_end[mine] - g.rank_offset_us[i]
-        o = np.argsort(lo)
-        lo, hi, share = lo[o], hi[o], share[o]
-        # the host call's gap (or the call) lies in an idle gap when it ends after the gap began
-        k = np.searchsorted(lo, end, side="right") - 1
-        inside = (k >= 0) & (ts <= hi[np.maximum(k, 0)])
-        calls = np.zeros(g.n_host, dtype=bool)
-        calls[mine[inside]] = True
-        factor = np.ones(g.n_host)
-        factor[mine[inside]] = 1.0 - share[k[inside]]
-        if category == "host_sync":
-            g = tf.drop_waits(g, calls & np.isin(g.h_name, list(SYNC_NAMES)))
-        g = tf.shrink_host(g, calls, factor)
+        g = _gap_fix(g, v, category, gi, saved)
     return g
+
+
+def _gap_fix(g: Graph, v: RankView, category: str, gi: np.ndarray, saved: np.ndarray) -> Graph:
+    """The host work that held the GPU idle in the gaps ``gi`` (rows of ``v.gaps``), less by
+    ``saved / real_dur`` each: every host call made while a gap lasted, up to the launch of the
+    work that ended it, loses that share of its host time: the gap before it, its own cost, the
+    time it took to return after the GPU work it waited for ended, and the time its own GPU work
+    waited beyond a typical launch. The fix decides what else goes:
+
+    * ``host_sync``: the synchronising calls there no longer wait (the value stays on the GPU);
+    * ``allocator_churn``: every allocator call of the steps costs nothing and no longer waits
+      (without the free there is no device sync);
+    * ``host_stall``: the one-off work leaves the step: the GPU work launched during the step's
+      stalled stretch (the checkpoint's copies) goes too."""
+    gp = v.gaps.loc[gi]
+    real = gp["real_dur"].to_numpy(dtype=float)
+    share = np.clip(saved / np.maximum(real, 1e-9), 0.0, 1.0)
+    lo = gp["start"].to_numpy(dtype=float)
+    nl = gp["next_launch_ts"].to_numpy(dtype=float)
+    hi = np.where(np.isfinite(nl) & (nl > lo), nl, gp["end"].to_numpy(dtype=float))
+    i = g.ranks.index(v.rank)
+    mine = np.flatnonzero(g.h_rank == i)
+    ts = g.h_ts[mine] - g.rank_offset_us[i]
+    end = g.h_end[mine] - g.rank_offset_us[i]
+    o = np.argsort(lo)
+    lo, hi, share, rows = lo[o], hi[o], share[o], gi[o]
+    # the host call's gap (or the call) lies in an idle gap when it ends after the gap began
+    k = np.searchsorted(lo, end, side="right") - 1
+    inside = (k >= 0) & (ts <= hi[np.maximum(k, 0)])
+    calls = np.zeros(g.n_host, dtype=bool)
+    calls[mine[inside]] = True
+    factor = np.ones(g.n_host)
+    factor[mine[inside]] = 1.0 - share[k[inside]]
+    # the call the host sat in for most of the gap (a 463 ms blocking copy), even when it began
+    # after the work that ended the gap was launched: its own span is the stall
+    cr, cu = gp["call_row"].to_numpy()[o], gp["call_us"].to_numpy(dtype=float)[o]
+    held = (cr >= 0) & (cu >= 0.5 * gp["dur"].to_numpy(dtype=float)[o])
+    if held.any():
+        rows_share = pd.Series(share[held], index=cr[held].astype(np.int64))
+        rows_share = rows_share.groupby(level=0).max()
+        sel = tf.calls_of(g, v.rank, rows_share.index.to_numpy())
+        calls |= sel
+        factor[sel] = np.minimum(factor[sel], 1.0 - rows_share.reindex(g.h_row[sel]).to_numpy())
+    if category == "allocator_churn":
+        from gpuprof.analyzers._base import ALLOC_CALLS
+
+        alloc = (g.h_rank == i) & (g.h_step >= 0) & np.isin(g.h_name, list(ALLOC_CALLS))
+        calls |= alloc
+        factor[alloc] = 0.0
+        g = tf.drop_waits(g, alloc)
+    if category == "host_sync":
+        g = tf.drop_waits(g, calls & np.isin(g.h_name, list(SYNC_NAMES)))
+    if category == "host_stall":
+        g = _remove_one_off(g, v, mine, ts, rows, lo, hi)
+    g = tf.shrink_host(g, calls, factor)
+    g = tf.shrink_tail(g, calls, factor)
+    acts = tf.activities_launched_by(g, calls)
+    g = tf.shrink_latency(g, acts, factor[np.maximum(g.a_launch, 0)])
+    # the work that ended each gap, launched before it and held past a typical launch while the
+    # host was stalled (a stream blocked by a synchronous copy), starts as the host comes back
+    ending = np.zeros(g.n_acts, dtype=bool)
+    f_act = np.ones(g.n_acts)
+    for kind in ("kernel", "memcpy"):
+        m = (gp["next_kind"] == kind).to_numpy()[o]
+        if m.any():
+            sel = tf.activities_of(g, v.rank, kind, gp["next_row"].to_numpy()[o][m].astype(np.int64))
+            row_share = pd.Series(share[m], index=gp["next_row"].to_numpy()[o][m].astype(np.int64))
+            row_share = row_share[~row_share.index.duplicated()]
+            ending |= sel
+            f_act[sel] = 1.0 - row_share.reindex(g.a_row[sel]).fillna(0.0).to_numpy()
+    return tf.shrink_latency(g, ending, f_act)
+
+
+def _remove_one_off(g: Graph, v: RankView, mine: np.ndarray, ts: np.ndarray, rows: np.ndarray,
+                    lo: np.ndarray, hi: np.ndarray) -> Graph:
+    """Without the stall's one-off work, the GPU work it launched goes too. The stalled gaps of
+    one step are one episode (a checkpoint save, a pause: one-off work happens once where it
+    happens), from the first gap's start to the launch that ended the last one (that launch is
+    the step's own next work and stays); what the host launched in between was the episode's."""
+    step = v.gaps.loc[rows, "step"].to_numpy()
+    first = pd.Series(lo).groupby(step).min()
+    last = pd.Series(hi).groupby(step).max()
+    run_lo, run_hi = first.to_numpy(), last.reindex(first.index).to_numpy()
+    k = np.searchsorted(run_lo, ts, side="right") - 1
+    during = (k >= 0) & (ts < run_hi[np.maximum(k, 0)])
+    calls = np.zeros(g.n_host, dtype=bool)
+    calls[mine[during]] = True
+    return tf.remove_activities(g, tf.activities_launched_by(g, calls), with_launch=False)
 
 
 _PLANS: dict[int, tuple[weakref.ref[Any], Plan]] = {}
