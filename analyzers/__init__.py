@@ -166,16 +166,15 @@ def replayed(one_rank: Analysis, candidates: Sequence[Candidate], contribs: list
     (part,) = one_rank.parts
     (view,) = views(one_rank)
     p = fixes.plan(view, kept_units(candidates, part.n_steps), part.unprofiled_step_ms)
-    if p is None:
-        return contribs
-    priced = fixes.price(p, part.n_steps)
+    priced = fixes.price(p, part.n_steps, part.unprofiled_step_ms or part.summary.step_time_ms) if p else {}
     out = []
     for c in contribs:
         got = priced.get(c.id)
         if got is None:
             ev = c.evidence
-            if c.category in fixes.NOT_USED_WHY and c.units:
-                ev = {**ev, "replay_not_used": fixes.NOT_USED_WHY[c.category]}
+            why = fixes.NOT_USED_WHY.get(c.category) or (fixes.NO_GRAPH_WHY if p is None else None)
+            if why and c.units:
+                ev = {**ev, "replay_not_used": why}
             out.append(replace(c, evidence=ev))
             continue
         ev = {**c.evidence, **got["evidence"]}

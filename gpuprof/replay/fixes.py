@@ -33,38 +33,38 @@ import pandas as pd
 from gpuprof.errors import GpuprofError
 from gpuprof.replay import Graph, build, calibrate, deflate, run
 from gpuprof.replay import transforms as tf
-from gpuprof.replay.graph import SYNC_NAMES
+from gpuprof.replay.graph import COPY_NAMES, SYNC_NAMES
 
 if TYPE_CHECKING:
     from gpuprof.analyzers._base import Candidate, RankView
 
-#: Categories whose replayed saving is the reported estimate: on the real pairs with realised
-#: savings (python -m benchmarks.fix_replay_accuracy, table in docs/replay.md) the replayed
-#: savings of the category were in total at least as close to the realised ones as the
-#: analyzer's own arithmetic (Σ |error| in ms over its pairs), and no pair the analyzer had within
-#: ±35 % fell outside it. elementwise_fusion meets the first (25.1 vs 25.6 ms) but not the second
-#: (gpt_naive_elementwise: −34 % → −44 %). The others keep their estimate, saying why.
-#: Today none: the categories that met both rules (allocator_churn, host_stall, shape_alignment)
-#: were validated against analyzers since rewritten (shape_alignment now prices GEMMs from the
-#: measured table, and its replay gives 0.02 ms for BERT's 1.70 ms GPU-side change), or are
-#: contradicted by real traces (host_stall: SGLang's 463 ms blocking copy with the GPU idle
-#: replayed to 0.05 ms; allocator_churn: the MI300X no-pool DDP trace, whose gaps hipFree/hipMalloc
-#: dominate, replayed to 37 % of the step). Every finding still carries its replayed saving in its
-#: evidence; the estimate switches per category once the replay matches those cases.
-REPLAY_USED: frozenset[str] = frozenset()
-#: Why a priced category's replay is not its estimate, where more is known than DEFAULT_WHY.
+#: Categories whose replayed saving is the reported estimate (``"estimate": "replay"``). Chosen on
+#: the real pairs with realised savings (``python -m benchmarks.fix_replay_accuracy``, table in
+#: docs/replay.md): over the category's pairs the replayed savings are in total at least as close
+#: to the realised ones as the analyzer's own sum of its claims was (Σ |error|, allowing the
+#: realised savings' own uncertainty: half the spread of each program's two timing windows), and
+#: no pair the analyzer had within ±35 % falls outside it. The analyzers no longer sum their
+#: claims for these: their units are the transformation's inputs (new kernel times, the claimed
+#: gaps), and the step time replayed with and without them is the saving.
+REPLAY_USED: frozenset[str] = frozenset({
+    "precision", "shape_alignment", "attention_fusion", "elementwise_fusion", "optimizer_fusion",
+    "host_sync", "launch_overhead", "input_pipeline", "pageable_memcpy", "memory_format",
+    "allocator_churn", "host_stall",
+})
+#: Why a priced category's replay is not its estimate.
 PRICED_NOT_USED_WHY = {
-    "host_stall": "replay prices a 463 ms blocking-copy stall with the GPU idle (SGLang decode, MI300X) at 0.05 ms",
-    "allocator_churn": "replay prices the MI300X no-pool DDP trace's hipFree/hipMalloc gaps at 37 % of the step",
-    "shape_alignment": "replay was validated before this analyzer priced GEMMs from the measured table",
+    "memory_bound_decode": "no real pair with a realised saving to validate the replay on (the 8-bit fix was not run)",
+    "gpu_throttling": "no real pair with a realised saving to validate the replay on",
 }
 NOT_USED_WHY = {
     "exposed_communication": "cross-rank: a rank's graph cannot see when the other ranks arrive",
     "rank_imbalance": "cross-rank: a rank's graph cannot see when the other ranks arrive",
 }
 DEFAULT_WHY = "replay was not closer to the realised saving than this estimate on the real pairs (docs/replay.md)"
-#: Findings priced one by one per rank (the largest first); the rest keep their own estimate.
-MAX_PRICED = 8
+#: Why a finding of a replayed category kept the sum of its claims: the rank had no graph to replay.
+NO_GRAPH_WHY = "no dependency graph to replay on this rank (no runtime calls or GPU work, or the replay failed)"
+#: Fixes that fuse their kernels: each run of claimed kernels becomes one kernel (one launch).
+FUSING = frozenset({"elementwise_fusion", "optimizer_fusion", "attention_fusion"})
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,13 @@ def apply(g: Graph, v: RankView, category: str, units: dict[tuple[Any, ...], flo
         fac = np.ones(len(dur))
         fac[k_rows] = np.clip((dur[k_rows] - saved) / np.maximum(dur[k_rows], 1e-9), 0.0, 1.0)
         sel = tf.activities_of(g, rank, "kernel", k_rows)
-        g = tf.set_durations(g, sel, g.a_dur[sel] * fac[g.a_row[sel]])
+        if category in FUSING:
+            g = _fuse_runs(g, sel, g.a_dur * fac[np.minimum(g.a_row, len(fac) - 1)] if len(fac) else g.a_dur)
+        else:
+            g = tf.set_durations(g, sel, g.a_dur[sel] * fac[g.a_row[sel]])
+            # a kernel the fix does away with (a layout transpose) goes with its launch
+            gone = sel & (fac[np.minimum(g.a_row, len(fac) - 1)] <= 0.0)
+            g = tf.remove_activities(g, gone)
     m_rows = np.fromiter((u[2] for u in units if u[0] == "m"), np.int64)
     if len(m_rows):
         saved_m = np.fromiter((s for u, s in units.items() if u[0] == "m"), float, len(m_rows))
@@ -138,6 +144,23 @@ def apply(g: Graph, v: RankView, category: str, units: dict[tuple[Any, ...], flo
         saved = np.fromiter((s for u, s in units.items() if u[0] == "gap"), float, len(gi))
         g = _gap_fix(g, v, category, gi, saved)
     return g
+
+
+def _fuse_runs(g: Graph, sel: np.ndarray, after_us: np.ndarray) -> Graph:
+    """A fusion's claimed kernels that ran back to back on one stream in one step become one
+    kernel each run, as long as the run's kernels take after the fix (``after_us``, the analyzer's
+    fused time spread over them); the other kernels of the run vanish with their launches and the
+    host work before each (the ops a fused kernel no longer dispatches)."""
+    idx = np.flatnonzero(sel)  # activities are in (rank, stream, start) order
+    if not len(idx):
+        return g
+    brk = np.r_[True, (np.diff(idx) != 1) | (g.a_stream[idx[1:]] != g.a_stream[idx[:-1]])
+                | (g.a_step[idx[1:]] != g.a_step[idx[:-1]])]
+    run_id = np.cumsum(brk) - 1
+    groups = np.full(g.n_acts, -1, dtype=np.int64)
+    groups[idx] = run_id
+    dur = np.bincount(run_id, weights=after_us[idx])
+    return tf.fuse(g, groups, dur)
 
 
 def _gap_fix(g: Graph, v: RankView, category: str, gi: np.ndarray, saved: np.ndarray) -> Graph:
@@ -189,7 +212,11 @@ def _gap_fix(g: Graph, v: RankView, category: str, gi: np.ndarray, saved: np.nda
         factor[alloc] = 0.0
         g = tf.drop_waits(g, alloc)
     if category == "host_sync":
-        g = tf.drop_waits(g, calls & np.isin(g.h_name, list(SYNC_NAMES)))
+        # the value stays on the GPU: no call there waits for it, the synchronising ones nor the
+        # device-to-host copy an `.item()` waits on
+        from gpuprof.trace.names import SYNC_CALLS
+
+        g = tf.drop_waits(g, calls & (g.h_wait >= 0) & np.isin(g.h_name, list(SYNC_NAMES | SYNC_CALLS | COPY_NAMES)))
     if category == "host_stall":
         g = _remove_one_off(g, v, mine, ts, rows, lo, hi)
     g = tf.shrink_host(g, calls, factor)
@@ -274,18 +301,23 @@ def projected_ids(p: Plan) -> list[str]:
     return sorted(i for i, c in p.confidence.items() if c in ("high", "medium"))
 
 
-def price(p: Plan, n_steps: int) -> dict[str, dict[str, Any]]:
-    """Per finding id (the ``MAX_PRICED`` largest by kept saving): evidence to add, and for the
-    categories in ``REPLAY_USED`` ``kept_us``, the replayed saving over the rank's steps."""
-    order = sorted(p.units, key=lambda i: -sum(p.units[i].values()))[:MAX_PRICED]
+def price(p: Plan, n_steps: int, step_ms: float) -> dict[str, dict[str, Any]]:
+    """Per finding id: evidence to add (its fix replayed alone: ``replay_before_ms``,
+    ``replay_after_ms``) and, for the categories in ``REPLAY_USED``, ``kept_us``: the replayed
+    saving over the rank's steps. The saving is the replayed share of the step,
+    ``(before − after) / before``, of ``step_ms`` (the step the report's percentages are of);
+    with the unprofiled step time the replay is calibrated to it, so this is ``before − after``,
+    and on a bare trace whose first profiled step is cut short (its mean window is shorter than
+    the steady-state period) a fix cannot save more than the step."""
     out: dict[str, dict[str, Any]] = {}
-    for i in order:
+    for i in sorted(p.units, key=lambda i: -sum(p.units[i].values())):
         after = p.after_ms([i])
         ev: dict[str, Any] = {"replay_before_ms": round(p.before_ms, 4), "replay_after_ms": round(after, 4)}
         entry: dict[str, Any] = {"evidence": ev}
         if p.categories[i] in REPLAY_USED:
             ev["estimate"] = "replay"
-            entry["kept_us"] = max(p.before_ms - after, 0.0) * 1000.0 * n_steps
+            share = max(p.before_ms - after, 0.0) / p.before_ms if p.before_ms > 0 else 0.0
+            entry["kept_us"] = share * step_ms * 1000.0 * n_steps
         else:
             ev["replay_not_used"] = PRICED_NOT_USED_WHY.get(p.categories[i], DEFAULT_WHY)
         out[i] = entry
