@@ -216,7 +216,9 @@ def _gap_fix(g: Graph, v: RankView, category: str, gi: np.ndarray, saved: np.nda
         # device-to-host copy an `.item()` waits on
         from gpuprof.trace.names import SYNC_CALLS
 
-        g = tf.drop_waits(g, calls & (g.h_wait >= 0) & np.isin(g.h_name, list(SYNC_NAMES | SYNC_CALLS | COPY_NAMES)))
+        waiting = calls & (g.h_wait >= 0) & np.isin(g.h_name, list(SYNC_NAMES | SYNC_CALLS | COPY_NAMES))
+        g = tf.drop_waits(g, waiting)
+        g = _drop_syncing_ops(g, v, waiting)
     if category == "host_stall":
         g = _remove_one_off(g, v, mine, ts, rows, lo, hi)
     g = tf.shrink_host(g, calls, factor)
@@ -236,6 +238,30 @@ def _gap_fix(g: Graph, v: RankView, category: str, gi: np.ndarray, saved: np.nda
             ending |= sel
             f_act[sel] = 1.0 - row_share.reindex(g.a_row[sel]).fillna(0.0).to_numpy()
     return tf.shrink_latency(g, ending, f_act)
+
+
+def _drop_syncing_ops(g: Graph, v: RankView, waiting: np.ndarray) -> Graph:
+    """With the value kept on the GPU, the op that fetched it (``aten::item``, ``.cpu()``: the
+    outermost aten op around each waiting call) no longer runs: its runtime calls cost nothing,
+    with the host work before each, and its device-to-host copy goes."""
+    from gpuprof.analyzers._base import outermost_aten
+
+    t = v.trace
+    ops, rt = t.ops, t.runtime
+    if not len(ops) or not waiting.any():
+        return g
+    ext = rt["external_id"].to_numpy()[g.h_row[waiting]]
+    op_ext = ops["external_id"].to_numpy()
+    order = np.argsort(op_ext, kind="stable")
+    pos = np.clip(np.searchsorted(op_ext[order], ext), 0, len(ops) - 1)
+    hit = (op_ext[order][pos] == ext) & (ext >= 0)
+    rows = np.unique(outermost_aten(ops, order[pos[hit]]))
+    spans = list(zip(ops["ts"].to_numpy(dtype=float)[rows], ops["end"].to_numpy(dtype=float)[rows],
+                     ops["tid"].to_numpy()[rows]))
+    inside = tf.calls_within(g, v.rank, rt["tid"].to_numpy(), spans) | waiting
+    copies = tf.activities_launched_by(g, inside) & (g.a_kind == 1)
+    g = tf.remove_activities(g, copies, with_launch=False)
+    return tf.shrink_host(g, inside, 0.0)
 
 
 def _remove_one_off(g: Graph, v: RankView, mine: np.ndarray, ts: np.ndarray, rows: np.ndarray,
