@@ -177,7 +177,10 @@ def replayed(one_rank: Analysis, candidates: Sequence[Candidate], contribs: list
                 ev = {**ev, "replay_not_used": why}
             out.append(replace(c, evidence=ev))
             continue
-        ev = {**c.evidence, **got["evidence"]}
+        ev = dict(c.evidence)
+        if got["evidence"].get("estimate") == "replay" and "estimate" in ev:
+            ev["estimate_inputs"] = ev.pop("estimate")  # how the fix's new times were found
+        ev.update(got["evidence"])
         out.append(replace(c, evidence=ev, kept_us=float(got.get("kept_us", c.kept_us))))
     return out
 
