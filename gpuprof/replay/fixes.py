@@ -149,9 +149,7 @@ def apply(g: Graph, v: RankView, category: str, units: dict[tuple[Any, ...], flo
         fac[k_rows] = np.clip((dur[k_rows] - saved) / np.maximum(dur[k_rows], 1e-9), 0.0, 1.0)
         sel = tf.activities_of(g, rank, "kernel", k_rows)
         if category in FUSING:
-            kept_gaps = {u[2] for u in units if u[0] == "gap"}
-            g = _fuse_runs(g, sel, g.a_dur * fac[np.minimum(g.a_row, len(fac) - 1)] if len(fac) else g.a_dur,
-                           _launch_owned(g, v, kept_gaps))
+            g = _fuse_runs(g, sel, g.a_dur * fac[np.minimum(g.a_row, len(fac) - 1)] if len(fac) else g.a_dur)
         else:
             g = tf.set_durations(g, sel, g.a_dur[sel] * fac[g.a_row[sel]])
             # a kernel the fix does away with (a layout transpose) goes with its launch
@@ -172,27 +170,12 @@ def apply(g: Graph, v: RankView, category: str, units: dict[tuple[Any, ...], flo
     return g
 
 
-def _launch_owned(g: Graph, v: RankView, kept_gaps: set[int]) -> np.ndarray:
-    """Per activity: whether the host work before its launch is this finding's to remove: true
-    unless the idle gap the activity ended belongs to another finding (an earlier claim)."""
-    out = np.ones(g.n_acts, dtype=bool)
-    gp = v.gaps
-    if gp.empty:
-        return out
-    theirs = ~gp.index.isin(list(kept_gaps)) & gp["cause"].isin(["launch", "other"]).to_numpy()
-    for kind in ("kernel", "memcpy"):
-        m = theirs & (gp["next_kind"] == kind).to_numpy()
-        if m.any():
-            out &= ~tf.activities_of(g, v.rank, kind, gp["next_row"].to_numpy()[m].astype(np.int64))
-    return out
-
-
-def _fuse_runs(g: Graph, sel: np.ndarray, after_us: np.ndarray, owned: np.ndarray) -> Graph:
+def _fuse_runs(g: Graph, sel: np.ndarray, after_us: np.ndarray) -> Graph:
     """A fusion's claimed kernels that ran back to back on one stream in one step become one
     kernel each run, as long as the run's kernels take after the fix (``after_us``, the analyzer's
     fused time spread over them); the other kernels of the run vanish with their launches and the
-    host work before each (the ops a fused kernel no longer dispatches), where that host work is
-    this finding's (``owned``: not an idle gap another finding claimed first)."""
+    host work before each (the ops a fused kernel no longer dispatches), whichever finding
+    claimed the idle gaps there: priced alone, the fix removes them all."""
     idx = np.flatnonzero(sel)  # activities are in (rank, stream, start) order
     if not len(idx):
         return g
@@ -204,9 +187,7 @@ def _fuse_runs(g: Graph, sel: np.ndarray, after_us: np.ndarray, owned: np.ndarra
     dur = np.bincount(run_id, weights=after_us[idx])
     first = np.zeros(g.n_acts, dtype=bool)
     first[idx[brk]] = True
-    gone = sel & ~first
-    g = tf.remove_activities(g, gone & ~owned, with_launch=False)  # another finding's launch gaps stay
-    g = tf.remove_activities(g, gone & owned)
+    g = tf.remove_activities(g, sel & ~first)
     return tf.set_durations(g, first, dur)
 
 
@@ -387,9 +368,10 @@ def projected_ids(p: Plan) -> list[str]:
 def price(p: Plan, n_steps: int, step_ms: float) -> dict[str, dict[str, Any]]:
     """Per finding id: evidence to add (its fix replayed alone: ``replay_before_ms``,
     ``replay_after_ms``) and, for the categories in ``REPLAY_USED``, ``kept_us``: the replayed
-    saving over the rank's steps. Overlaps are settled by the claims (a unit belongs to the first
-    finding that claims it: a fusion does not remove launches whose idle gap a launch-bound
-    finding claimed) and, for fixes applied together, by the projection.
+    saving over the rank's steps. Each fix is priced alone, on the units it kept after claims (a
+    unit belongs to the first finding that claims it); what fixes applied together save is the
+    projection (``summary.projected_step_time_ms``, ``Analysis.what_if``): a fusion in a
+    launch-bound step saves its launches alone, and nothing more once a CUDA graph removed them.
 
     The saving is the replayed share of the step, ``(before − after) / before``, of ``step_ms``
     (the step the report's percentages are of): with the unprofiled step time the replay is
