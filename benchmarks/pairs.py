@@ -38,6 +38,21 @@ def step_ms(name: str) -> float:
     return float(json.loads(f.read_text())["step_ms"])
 
 
+def step_noise_ms(name: str) -> float:
+    """Half the range of the member's timed windows (ms): how far its step time moved between
+    repeats of the same program. Host-bound programs on the lent machine spread 12-35 % within one
+    session (sample_traces/README.md), so a realised saving is only known to within the sum of its
+    two members' noise."""
+    f = H200 / "timings" / (f"{name}_rank0.json" if (H200 / name).is_dir() else f"{name}.json")
+    runs = [float(x) for x in json.loads(f.read_text()).get("step_ms_runs") or []]
+    return (max(runs) - min(runs)) / 2.0 if len(runs) > 1 else 0.0
+
+
+def realised_noise_ms(bad: str, good: str) -> float:
+    """The uncertainty of a pair's realised saving: the two members' timing noise added."""
+    return step_noise_ms(bad) + step_noise_ms(good)
+
+
 def tokens(name: str) -> float | None:
     """New tokens per step of a decode sample (timings' ``new_tokens``), None for other samples."""
     f = H200 / "timings" / f"{name}.json"

@@ -72,6 +72,28 @@ def busy(w: pd.DataFrame) -> pd.DataFrame:
     return w[util >= BUSY_PCT]
 
 
+def _gpm_mean(samples: pd.DataFrame, w: pd.DataFrame, col: str) -> float | None:
+    """Mean of a GPM metric over the GPM intervals that saw the GPU busy. A GPM value covers the
+    time since the previous GPM read of its GPU, not an instant: a read taken just after the work
+    ended (the recorder's last row, or a slow GPM period on a short program) still measured that
+    work, so an interval counts when any busy sample lies inside it."""
+    if col not in samples or "ts_ns" not in samples:
+        return None
+    out: list[np.ndarray] = []
+    for gpu, g in samples.groupby("gpu", sort=False):
+        v = pd.to_numeric(g[col], errors="coerce")
+        g = g[v.notna()]
+        if g.empty:
+            continue
+        ends = pd.to_numeric(g["ts_ns"], errors="coerce").to_numpy(dtype=np.float64)
+        starts = np.concatenate(([-np.inf], ends[:-1]))
+        bt = np.sort(pd.to_numeric(w.loc[w["gpu"] == gpu, "ts_ns"], errors="coerce").to_numpy(dtype=np.float64))
+        hit = np.searchsorted(bt, ends, side="right") > np.searchsorted(bt, starts, side="right")
+        out.append(pd.to_numeric(g[col], errors="coerce").to_numpy(dtype=np.float64)[hit])
+    vals = np.concatenate(out) if out else np.empty(0)
+    return float(vals.mean()) if vals.size else None
+
+
 def summarize(samples: pd.DataFrame, period_s: float) -> dict[str, Any]:
     """Means over busy samples, clocks vs. max, power vs. limit, throttle reasons seen and for how
     long, and peak memory over the run."""
@@ -109,7 +131,7 @@ def summarize(samples: pd.DataFrame, period_s: float) -> dict[str, Any]:
         "mem_used_mb_max": used, "mem_total_mb": total,
         "mem_used_pct_max": 100.0 * used / total if used and total else None,
         "temp_c_max": top("temp_c"),
-        "gpm_sm_util_pct_mean": mean("gpm_sm_util_pct"), "gpm_tensor_util_pct_mean": mean("gpm_tensor_util_pct"),
-        "gpm_dram_bw_util_pct_mean": mean("gpm_dram_bw_util_pct"),
+        **{f"{c}_mean": _gpm_mean(samples, w, c) for c in ("gpm_sm_util_pct", "gpm_tensor_util_pct",
+                                                           "gpm_dram_bw_util_pct")},
         "clock_event_reasons": seen,
     }

@@ -726,3 +726,27 @@ def test_cuda_event_timing_spans_the_window_without_a_sync_per_step(monkeypatch:
     assert now["syncs"] == 0
     rec = run(7)
     assert rec.unprofiled(block=True)[0] == pytest.approx(10.0) and now["syncs"] == 1  # at exit only
+
+
+def test_gpm_mean_counts_intervals_that_saw_the_gpu_busy() -> None:
+    """A GPM value covers the time since the previous GPM read. On a short program the only GPM
+    read after the start can be the recorder's last row, taken once the GPU is idle again: it
+    measured the busy run and must count (test_gpu.py saw gpm_sm_util_pct_mean None on the H200).
+    An interval with no busy sample inside stays out. Synthetic samples built here."""
+    import numpy as np
+    import pandas as pd
+
+    from gpuprof.nvml_data import summarize
+
+    nan = np.nan
+    df = pd.DataFrame({
+        "ts_ns": [0, 1, 2, 3, 4, 5, 6],
+        "gpu": [0] * 7,
+        "util_gpu_pct": [0, 0, 90, 95, 0, 0, 0],
+        "gpm_sm_util_pct": [nan, 5.0, nan, nan, 70.0, nan, 1.0],  # (-inf,1] idle, (1,4] busy, (4,6] idle
+        "gpm_tensor_util_pct": [nan] * 7,
+    })
+    s = summarize(df, 0.1)
+    assert s["gpm_sm_util_pct_mean"] == 70.0
+    assert s["gpm_tensor_util_pct_mean"] is None
+    assert s["util_gpu_pct_mean"] == 92.5
