@@ -16,7 +16,7 @@ import json
 from typing import Any
 
 import gpuprof
-from benchmarks.pairs import H200, pairs, step_ms, trace_path
+from benchmarks.pairs import H200, pairs, realised_noise_ms, step_ms, trace_path
 from gpuprof.replay import fixes
 
 
@@ -42,7 +42,7 @@ def evaluate() -> list[dict[str, Any]]:
             before, after = ev.get("replay_before_ms"), ev.get("replay_after_ms")
             realised = step_ms(bad) - step_ms(good)
             rows.append({"category": cat, "bad": bad, "good": good, "realised_ms": realised,
-                         "uncertainty_ms": (spread_ms(bad) + spread_ms(good)) / 2,
+                         "uncertainty_ms": realised_noise_ms(bad, good),
                          "today_ms": f.estimated_savings_ms if f else 0.0,
                          "replay_ms": (before - after) if before is not None and after is not None else None,
                          "why_not": ev.get("replay_not_used") if before is None else None})
@@ -53,13 +53,6 @@ def evaluate() -> list[dict[str, Any]]:
         f = next((x for x in a.findings if x.category == r["category"]), None)
         r["reported_ms"] = f.estimated_savings_ms if f else 0.0
     return rows
-
-
-def spread_ms(name: str) -> float:
-    """The spread of a program's unprofiled timing windows (``step_ms_runs``; 0 with one)."""
-    f = H200 / "timings" / (f"{name}_rank0.json" if (H200 / name).is_dir() else f"{name}.json")
-    runs = json.loads(f.read_text()).get("step_ms_runs") or []
-    return float(max(runs) - min(runs)) if len(runs) > 1 else 0.0
 
 
 def _err(x: float | None, real: float) -> str:

@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 from benchmarks import replay_accuracy
-from benchmarks.fix_replay_accuracy import spread_ms
-from benchmarks.pairs import step_ms
+from benchmarks.pairs import realised_noise_ms, step_ms
 from gpuprof.ranks import load_trace_cached
 from gpuprof.replay import build, calibrate, deflate, replay, run, what_if
 from gpuprof.replay import transforms as tf
@@ -147,5 +146,5 @@ def test_replayed_fix_is_near_the_realised_saving(accuracy: dict[str, dict[str, 
     real = float(r["realised_ms"])  # type: ignore[arg-type]
     # what the realised saving is known to: half the spread of each program's timing windows (the
     # one-session gpt.py set spreads 12-35 % on host-bound programs)
-    known = (spread_ms(str(r["bad"])) + spread_ms(str(r["good"]))) / 2
+    known = realised_noise_ms(str(r["bad"]), str(r["good"]))
     assert abs(float(r["estimated_ms"]) - real) <= bound / 100 * real + known, r  # type: ignore[arg-type]
