@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpuprof.analyzers import (
     allocator,
     attention_fusion,
+    compile_fusion,
     distributed,
     elementwise_fusion,
     host_gaps,
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from gpuprof.api import Analysis
     from gpuprof.ranks import RankPart
     from gpuprof.specs import GpuSpec
+    from gpuprof.trace.model import RankTrace
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ REGISTRY: tuple[Analyzer, ...] = (
     Analyzer("memory_format", memory_format.run, ("gpu", "shapes", "spec")),
     Analyzer("attention_fusion", attention_fusion.run, ("gpu", "shapes", "spec")),
     Analyzer("elementwise_fusion", elementwise_fusion.run, ("gpu", "shapes", "spec")),
+    Analyzer("compile", compile_fusion.run, ("gpu", "shapes", "spec")),
     Analyzer("optimizer_fusion", optimizer_fusion.run, ("gpu", "shapes", "spec")),
     Analyzer("input_pipeline", host_gaps.input_pipeline, ("gpu", "cpu")),
     Analyzer("host_work", host_gaps.host_work, ("gpu", "cpu")),
@@ -152,6 +155,9 @@ def rank_contributions(one_rank: Analysis, active: Sequence[Analyzer], cross: Se
             (view,) = views(one_rank)
             candidates.extend(to_candidate(cc, view) for cc in cross)
         out: list[Contribution] = claim(part.rank, candidates, part.n_steps)
+        from gpuprof.views import keep_candidates  # the views' claims reuse them (no second run)
+
+        keep_candidates(one_rank, candidates)
         return replayed(one_rank, candidates, out)
     finally:
         release_views(one_rank)
@@ -164,6 +170,7 @@ def replayed(one_rank: Analysis, candidates: Sequence[Candidate], contribs: list
     from gpuprof.replay import fixes
 
     (part,) = one_rank.parts
+    contribs = [distributed.replayed_share(c, part.n_steps) for c in contribs]
     (view,) = views(one_rank)
     p = fixes.plan(view, kept_units(candidates, part.n_steps), part.unprofiled_step_ms)
     priced = fixes.price(p, part.n_steps, part.unprofiled_step_ms or part.summary.step_time_ms) if p else {}
@@ -173,7 +180,7 @@ def replayed(one_rank: Analysis, candidates: Sequence[Candidate], contribs: list
         if got is None:
             ev = c.evidence
             why = fixes.NOT_USED_WHY.get(c.category) or (fixes.NO_GRAPH_WHY if p is None else None)
-            if why and c.units:
+            if why and c.units and "replay_before_ms" not in ev:  # a cross-rank replay fills its own
                 ev = {**ev, "replay_not_used": why}
             out.append(replace(c, evidence=ev))
             continue
@@ -189,16 +196,30 @@ def contributions_in_memory(analysis: Analysis, only: Sequence[str] | None = Non
                             registry: Sequence[Analyzer] | None = None
                             ) -> tuple[list[Contribution], list[dict[str, str]]]:
     """Every rank's contributions (and the skips) for an analysis whose ranks are in memory."""
+    from gpuprof.replay.ranks import fix_steps, rank_graph
+
     active, skipped = select(analysis.parts, analysis.spec, only, registry)
     results = {r.trace.meta.rank: r for r in analysis.ranks}
     names = [a.name for a in active]
     cross = distributed.plan(analysis.parts, lambda slow, waits, waiting: distributed.slow_detail(
-        results[slow], waits, waiting), names)
+        results[slow], waits, waiting), names, replay=lambda cats: fix_steps(
+        [rank_graph(r.trace) for r in analysis.ranks], analysis.parts[0].unprofiled_step_ms, cats))
     contribs: list[Contribution] = []
     for part in analysis.parts:
         one = analysis.one_rank(part.rank)
         contribs.extend(rank_contributions(one, active, cross.get(part.rank, ())))
     return contribs, skipped
+
+
+def job_graph(traces: Sequence[RankTrace], real_step_ms: float | None) -> tuple[Any, list[Any]] | None:
+    """The job's graph for the cross-rank replay (gpuprof.replay.ranks), deflated when the
+    unprofiled step time is known, and its ranks' parts; None for one rank."""
+    from gpuprof.replay.ranks import job, rank_graph
+
+    if len(traces) < 2:
+        return None
+    parts = [rank_graph(t) for t in traces]
+    return job(parts, real_step_ms), parts
 
 
 def findings_of(parts: Sequence[RankPart], contribs: Sequence[Contribution]) -> list[Finding]:

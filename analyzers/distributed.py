@@ -6,9 +6,12 @@ kernel is shortest arrived last; on every other rank, the excess duration is *wa
 Each NCCL kernel's exposed time (not overlapped by compute on its GPU) is split in proportion:
 the transfer part belongs to exposed_communication, the waiting part to rank_imbalance.
 
-exposed_communication — Estimate: the exposed transfer time while GPU work was queued behind it,
-less the largest single collective per step (the last gradient bucket cannot overlap backward),
-plus the host gaps around mostly-exposed collectives.
+exposed_communication — Estimate, two or more ranks: the job's replay across ranks
+(:mod:`gpuprof.replay.ranks`) with the collectives run behind compute, the largest of each step
+kept (the last gradient bucket cannot overlap backward), and the host work of issuing them gone
+(the slowest rank's step before − after). One rank (no collective can be matched, so transfer and
+waiting cannot be told apart): the exposed transfer time while GPU work was queued behind it,
+less the largest single collective per step, plus the host gaps around mostly-exposed collectives.
 rank_imbalance — Every rank that waits little (within ``SLOW_SHARE`` of the way from the slowest
 to the most-waiting rank) is slow: one slow node is several slow ranks, and all their idle time
 inside the others' waits is the same lost time, claimed by this finding alone. Estimate: the
@@ -17,7 +20,8 @@ wait after the GPU work following the collective had been launched (before that,
 rank's own host was the limit and the wait cost nothing), and only on a waiting rank that is held
 up: its runtime calls block (launch queue full) for at least ``HELD_FRACTION`` of its waits more
 than the slow rank's do; less the profiler's cost of the slow rank's recorded host events
-meanwhile. The job saves what the most-waiting rank still waits. Evidence names the slow rank and
+meanwhile. The job saves what the most-waiting rank still waits (its fix is also replayed across
+ranks, in the evidence; that replay is not the estimate: ``REPLAY_NOT_USED``). Evidence names the slow rank and
 what it did while the others waited (its CPU ops and GPU activity in those windows, on the common
 clock).
 
@@ -36,7 +40,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
-from gpuprof.analyzers._base import HOST_NOTE, Candidate, Described, RankView, ms, top_names, units_of
+from gpuprof.analyzers._base import HOST_NOTE, Candidate, Contribution, Described, RankView, ms, top_names, units_of
 
 if TYPE_CHECKING:
     from gpuprof.ranks import RankPart, RankResult
@@ -142,11 +146,95 @@ def to_candidate(cc: CrossCandidate, v: RankView) -> Candidate:
 SlowDetail = Callable[[int, pd.DataFrame, int], dict[str, Any]]
 
 
+#: Cross-rank categories whose estimate is the job's replay (gpuprof.replay.ranks) when the trace
+#: has two or more ranks: on the real pair (docs/replay.md, "Cross-rank") the replayed saving was
+#: at least as close to the realised one as this module's arithmetic. With one rank the
+#: arithmetic stays: a collective's kernel time there mixes its transfer with waiting for ranks
+#: not in the trace, which only its clip (the time GPU work was queued behind it) bounds.
+REPLAY_USED = frozenset({"exposed_communication"})
+#: Why the other cross-rank categories keep their own estimate although their fix is replayed.
+REPLAY_NOT_USED = {
+    "rank_imbalance": "the replay (the slow rank's extra host time cut to the median rank's) was further from "
+                      "the realised saving of the real pair than this estimate: the profiler's host cost, "
+                      "taken out as one cost per recorded event fitted to the job's step, is under-counted on "
+                      "the ranks whose host work the slow rank's wait hid",
+}
+
+#: The job's replayed step (the slowest rank's, ms) before and after each named category's fix
+#: (:func:`gpuprof.replay.ranks.fix_steps`), computed on demand; None: not available.
+JobReplay = Callable[[Sequence[str]], "dict[str, list[float]] | None"]
+
+
 def plan(parts: Sequence[RankPart], detail: SlowDetail, active: Sequence[str] = ("exposed_communication",
-                                                                                    "rank_imbalance")
-         ) -> dict[int, list[CrossCandidate]]:
+                                                                                    "rank_imbalance"),
+         replay: JobReplay | None = None) -> dict[int, list[CrossCandidate]]:
     """Each rank's share of the cross-rank findings named in ``active``. ``detail(slow, waits,
-    waiting)`` runs :func:`slow_detail` on the slow rank, wherever that rank can be loaded."""
+    waiting)`` runs :func:`slow_detail` on the slow rank, wherever that rank can be loaded.
+    ``replay(categories)``, when given, replays the job across ranks before and after each
+    finding's fix (evidence ``replay_before_ms``/``replay_after_ms``: the slowest rank's step);
+    for the categories of ``REPLAY_USED`` that replayed saving is the estimate
+    (:func:`replayed_share`)."""
+    out = _plan(parts, detail, active)
+    if replay is not None and out and len(parts) > 1:
+        events = sum(p.meta.events for p in parts)
+        if events <= JOB_REPLAY_MAX_EVENTS:
+            _replay(out, replay)
+        else:
+            for cc in {id(cc): cc for ccs in out.values() for cc in ccs}.values():
+                cc.evidence["replay_not_used"] = (f"the job's {events:,} trace events are more than the cross-rank "
+                                                  f"replay builds in one process ({JOB_REPLAY_MAX_EVENTS:,})")
+    return out
+
+
+#: The most trace events (all ranks) whose job graph the cross-rank replay builds in the driver:
+#: a graph node is ~200 bytes and a trace has ~3 nodes per 14 events (ddp_good, gpt_bf16), so
+#: ~1 GB at this size; 8 ranks of 100k kernels are ~11M events. Above it the cross-rank findings
+#: keep their own estimates, saying why.
+JOB_REPLAY_MAX_EVENTS = 20_000_000
+
+
+def _replay(out: dict[int, list[CrossCandidate]], replay: JobReplay) -> None:
+    from dataclasses import replace
+
+    from gpuprof.errors import GpuprofError
+
+    found = {cc.category: cc for ccs in out.values() for cc in ccs}
+    try:
+        got = replay(sorted(found))
+    except GpuprofError:
+        return
+    if got is None:
+        return
+    saving: dict[str, float] = {}
+    for category, cc in found.items():
+        before, after = got[category]
+        if not (np.isfinite(before) and np.isfinite(after)):
+            continue
+        # one evidence dict is shared by the finding's shares on every rank
+        cc.evidence.update(replay_before_ms=round(before, 4), replay_after_ms=round(after, 4))
+        if category in REPLAY_USED:
+            cc.evidence["estimate"] = "replay"
+            saving[category] = max(before - after, 0.0)
+        else:
+            cc.evidence["replay_not_used"] = REPLAY_NOT_USED[category]
+    for rank, ccs in out.items():  # claim order: the replayed saving for the job
+        out[rank] = [replace(cc, priority_ms=saving[cc.category]) if cc.category in saving else cc for cc in ccs]
+
+
+def replayed_share(c: Contribution, n_steps: int) -> Contribution:
+    """A cross-rank finding's share on one rank with the job's replayed saving (evidence
+    ``replay_before_ms − replay_after_ms`` per step) as what it keeps, where replay is its
+    estimate; otherwise as it is."""
+    ev = c.evidence
+    if c.category not in REPLAY_USED or ev.get("estimate") != "replay" or not c.units:
+        return c
+    from dataclasses import replace
+
+    saving_ms = max(float(ev["replay_before_ms"]) - float(ev["replay_after_ms"]), 0.0)
+    return replace(c, kept_us=saving_ms * 1000.0 * n_steps)
+
+
+def _plan(parts: Sequence[RankPart], detail: SlowDetail, active: Sequence[str]) -> dict[int, list[CrossCandidate]]:
     c = match([p.collectives for p in parts])
     out: dict[int, list[CrossCandidate]] = {}
     if c.empty:

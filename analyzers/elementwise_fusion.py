@@ -34,7 +34,10 @@ def run(analysis: Analysis) -> list[Candidate]:
         # is still a chain member a fusion removes; it is taken as running at its roof.
         err = k["model_error"].to_numpy(dtype=bool)
         k = k.assign(t_roof_us=np.where(err, k["dur"], k["t_roof_us"]))
-        ok = (k["family"].astype(str).isin(FUSIBLE) & (k["bound"].isin(["memory", "latency"]) | err)
+        # Issue-bound scalar-path kernels (roofline's issue_bound) fuse the same way: the fused kernel
+        # drops their loads, stores and index arithmetic.
+        issue = k["issue_bound"].to_numpy(dtype=bool) if "issue_bound" in k else np.zeros(len(k), dtype=bool)
+        ok = (k["family"].astype(str).isin(FUSIBLE) & (k["bound"].isin(["memory", "latency"]) | err | issue)
               & np.isfinite(k["t_roof_us"]) & ~v.in_optimizer().reindex(k.index)).to_numpy()
         lane = (k["device"].astype(np.int64) * 100_003 + k["stream"] * 101 + k["step"]).to_numpy()
         brk = np.r_[True, (~ok[1:]) | (~ok[:-1]) | (lane[1:] != lane[:-1])]

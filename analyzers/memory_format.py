@@ -6,13 +6,22 @@ Trigger: a trace with convolution kernels and cuDNN layout transforms (``nchwToN
 kernels (batch norm, pooling, upsampling kernels without ``channels_last``/``nhwc`` in the name).
 A channels-last model (its kernels say ``channels_last``/``nhwc``, no transforms) never raises it;
 neither does a model without convolutions.
-Estimate: with ``channels_last`` the transforms disappear, with the launch gaps in front of them.
+Estimate: with ``channels_last`` the transforms disappear, with the launch gaps in front of them,
+and so do the copies that convert 4-D activations between the two layouts (``.contiguous()`` of
+an NCHW tensor permuted to NHWC, as ConvNeXt's LayerNorm/Linear blocks do: dense strides in the
+other order; in a channels-last model the permuted view is already dense).
 The NCHW kernels' excess over their channels-last cost is priced from a measurement: channels-last
 variants of the same kernels in the same program (at their roofline efficiency), else for batch
 norm the measured layout table (``benchmarks/layout_table.py``: channels-last over NCHW time of
 ``BatchNorm2d`` forward+backward at that size and dtype, shipped as
 ``gpuprof/data/h200_layout_table.json`` once measured); otherwise it is reported (with what it
 would be at the roofline, an upper bound) but not claimed.
+
+The step after is the longer of the GPU's busy time less those kernel savings and the host's time
+less the launches that go (transforms and conversions, each at the host's cost per launched
+kernel, real step ÷ kernels per step), as for compile: on a host-bound CNN (ConvNeXt-T, GPU busy
+26 of 34 ms) the GPU saving is hidden and the launches are what shortens the step; on a GPU-bound
+one (ResNet-50 NCHW) the GPU saving is, up to the host's floor.
 """
 
 from __future__ import annotations
@@ -25,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from gpuprof.analyzers._base import Candidate, gpu_side_confidence, ms, per_shape, top_names, views
+from gpuprof.analyzers._base import Candidate, gpu_side_confidence, in_graph, ms, per_shape, top_names, views
+from gpuprof.analyzers.compile_fusion import gap_claims
 
 from gpuprof.roofline import per_name
 
@@ -81,6 +91,57 @@ def nchw_parts(v: RankView) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     return k[(fam == "layout").to_numpy()], k[sens & ~cl & memoryish], k[sens & cl & memoryish]
 
 
+def _dense_order(dims: Any, strides: Any) -> tuple[int, ...] | None:
+    """The order of a dense tensor's dimensions in memory (outermost first), None when it is not
+    dense (a broadcast, a slice) or not 4-D."""
+    if not (isinstance(dims, list) and isinstance(strides, list) and len(dims) == len(strides) == 4):
+        return None
+    if not all(isinstance(x, int) and x > 0 for x in dims) or not all(isinstance(x, int) for x in strides):
+        return None
+    order = tuple(sorted(range(4), key=lambda i: (-strides[i], -dims[i])))
+    expect = 1
+    for i in reversed(order):
+        if dims[i] > 1 and strides[i] != expect:
+            return None
+        expect *= dims[i]
+    return order
+
+
+def _is_conversion(dims: Any, strides: Any) -> bool:
+    """A copy between two 4-D tensors of the same shape whose dense layouts differ: a layout
+    conversion (NCHW <-> NHWC, or a permuted view made contiguous)."""
+    if not (isinstance(dims, list) and isinstance(strides, list) and len(dims) >= 2 and len(strides) >= 2):
+        return False
+    if dims[0] != dims[1]:
+        return False
+    a, b = _dense_order(dims[0], strides[0]), _dense_order(dims[1], strides[1])
+    return a is not None and b is not None and a != b
+
+
+def layout_conversions(v: RankView) -> pd.DataFrame:
+    """Copy kernels that convert 4-D tensors between dense layouts, in a trace with convolutions."""
+    from gpuprof.trace.load import parse_arg
+
+    k = v.kernels
+    fam = k["family"].astype(str)
+    none: pd.DataFrame = k.iloc[:0]
+    if not (fam == "conv").any() or "input_strides" not in v.trace.ops.columns:
+        return none
+    cand: pd.DataFrame = k[(fam == "copy").to_numpy() & (k["op"].to_numpy() >= 0)]
+    if cand.empty:
+        return cand
+    ops = v.trace.ops
+    rows = cand["op"].to_numpy()
+    sub = ops.iloc[rows]
+    key = sub["input_dims"].astype(object).map(str) + "\x00" + sub["input_strides"].astype(object).map(str)
+    codes, uniq = pd.factorize(key.to_numpy())
+    first = np.unique(codes, return_index=True)[1]
+    hit = np.array([_is_conversion(parse_arg(sub["input_dims"].iloc[i]), parse_arg(sub["input_strides"].iloc[i]))
+                    for i in first], dtype=bool)
+    hits: pd.DataFrame = cand[hit[codes]] if len(hit) else none
+    return hits
+
+
 def nchw_savings(v: RankView, ratios: Ratios | None = None, vendor: str = "nvidia"
                  ) -> tuple[pd.DataFrame, np.ndarray, float, str]:
     """Kernels channels-last would remove or speed up, the µs each would save, what the NCHW
@@ -123,31 +184,65 @@ def run(analysis: Analysis) -> list[Candidate]:
         if xf.empty and slow.empty:
             continue
         rows, saved, at_roof, how = nchw_savings(v, vendor=analysis.spec.vendor if analysis.spec else "")
-        units = v.kernel_units(rows.index, saved)
-        units.update(v.inner_gap_units(xf.index))
-        per_step = sum(units.values()) / v.n_steps
-        if per_step <= 0:
+        conv = layout_conversions(v)
+        conv = conv[~conv.index.isin(rows.index)]
+        rows = pd.concat([rows, conv])
+        saved = np.r_[saved, conv["dur"].to_numpy(dtype=float)]
+        n = v.n_steps
+        gone = pd.concat([xf, conv])
+        kernel_units = v.kernel_units(rows.index, saved)
+        inner = v.inner_gap_units(gone.index)
+        g_k = float(np.sum(saved)) / n
+        g_gap = sum(inner.values()) / n
+        # the host: every launch that goes saves its share of the host's time per step
+        kernels = float((~in_graph(v.kernels)).sum()) / n
+        host_per_kernel = v.real_step_us / kernels if kernels else 0.0
+        host_saved = host_per_kernel * len(gone) / n
+        gpu_after = v.busy_us - g_k
+        host_after = v.real_step_us - host_saved
+        after = max(gpu_after, host_after)
+        saving = max(0.0, min(v.real_step_us - after, g_k + g_gap + max(0.0, v.real_step_us - v.busy_us)))
+        if saving <= 0:
             continue
-        confidence, idle_ms = gpu_side_confidence(v, per_step)
+        if saving <= g_k + g_gap:
+            scale = saving / (g_k + g_gap)
+            units = {u: x * scale for u, x in {**kernel_units, **inner}.items()}
+        else:
+            units = {**kernel_units, **gap_claims(v, inner, (saving - g_k) * n)}
+        host_bound = host_after > gpu_after
+        # beyond the kernels and the gaps before them, the saving is host time (idle that goes)
+        on_host = host_bound or saving > g_k + g_gap
+        confidence = v.host_confidence("medium") if on_host else gpu_side_confidence(v, saving)[0]
+        idle_ms = gpu_side_confidence(v, saving)[1]
         out.append(Candidate(
             id="GP-MEMFMT-001", category="memory_format",
-            title=f"Convolutions run in NCHW: {ms(xf['dur'].sum()) / v.n_steps:.2f} ms per step of cuDNN layout "
-                  f"transposes and {ms(slow['dur'].sum()) / v.n_steps:.2f} ms of NCHW batch-norm/pooling kernels",
+            title=f"Convolutions run in NCHW: {ms(xf['dur'].sum()) / n:.2f} ms per step of cuDNN layout "
+                  f"transposes, {ms(slow['dur'].sum()) / n:.2f} ms of NCHW batch-norm/pooling kernels and "
+                  f"{ms(conv['dur'].sum()) / n:.2f} ms of NCHW/NHWC copies ({len(gone) / n:.0f} launches per step)",
             confidence=confidence,
             recommendation=FIX,
             units=units,
             evidence={
                 "rank": v.rank,
-                "layout_transform_ms_per_step": round(ms(xf["dur"].sum()) / v.n_steps, 3),
-                "layout_transforms_per_step": round(len(xf) / v.n_steps, 1),
-                "nchw_kernels_ms_per_step": round(ms(slow["dur"].sum()) / v.n_steps, 3),
-                "nchw_kernels_extra_saving_at_roofline_ms_per_step": round(ms(at_roof) / v.n_steps, 3),
+                "layout_transform_ms_per_step": round(ms(xf["dur"].sum()) / n, 3),
+                "layout_transforms_per_step": round(len(xf) / n, 1),
+                "layout_conversion_copies_ms_per_step": round(ms(conv["dur"].sum()) / n, 3),
+                "layout_conversion_copies_per_step": round(len(conv) / n, 1),
+                "nchw_kernels_ms_per_step": round(ms(slow["dur"].sum()) / n, 3),
+                "nchw_kernels_extra_saving_at_roofline_ms_per_step": round(ms(at_roof) / n, 3),
                 "nchw_kernels_priced": how,
+                "gpu_ms_saved_per_step": round(ms(g_k), 3),
+                "host_us_per_kernel": round(host_per_kernel, 2),
+                "host_ms_saved_per_step": round(ms(host_saved), 3),
+                "gpu_busy_ms_after": round(ms(gpu_after), 3), "host_ms_after": round(ms(host_after), 3),
+                "step_ms_after_estimated": round(ms(after), 3), "bound_after": "host" if host_bound else "gpu",
                 "gpu_idle_ms_per_step": idle_ms,
                 "transform_kernels": top_names(xf) if len(xf) else [],
                 "nchw_kernels": top_names(slow) if len(slow) else [],
-                "estimate": "the layout transforms and the launch gaps before them go; NCHW batch-norm/pooling "
-                            f"kernels: {how}",
+                "conversion_kernels": top_names(conv) if len(conv) else [],
+                "estimate": "the layout transforms, NCHW/NHWC copies and the launch gaps before them go; NCHW "
+                            f"batch-norm/pooling kernels: {how}; the host saves its cost per launch for each "
+                            "kernel that goes; the step after is the longer of GPU and host time",
             },
         ))
     return out

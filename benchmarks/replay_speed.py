@@ -24,10 +24,11 @@ from gpuprof.trace.model import RankTrace
 DEFAULT = Path(__file__).resolve().parents[1] / "sample_traces" / "h200" / "gpt_bf16.json.gz"
 
 
-def tile(t: RankTrace, copies: int) -> RankTrace:
-    """``t``'s events repeated ``copies`` times, each copy shifted past the previous one."""
+def tile(t: RankTrace, copies: int, period_us: float | None = None) -> RankTrace:
+    """``t``'s events repeated ``copies`` times, each copy shifted past the previous one (by
+    ``period_us`` when given: the ranks of one job tiled in step)."""
     frames = [t.kernels, t.memcpys, t.runtime, t.ops]
-    t_end = max(float(f["end"].max()) for f in frames if len(f)) + 100.0
+    t_end = period_us or max(float(f["end"].max()) for f in frames if len(f)) + 100.0
     corr = int(max(t.kernels["correlation"].max(), t.runtime["correlation"].max())) + 1
     n_steps = len(t.steps)
 

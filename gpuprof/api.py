@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 import gpuprof
+from gpuprof import cache_keys
 from gpuprof.errors import GpuprofError, TraceError, UsageError
 from gpuprof.findings import Finding
 from gpuprof.ranks import (
@@ -44,7 +45,7 @@ from gpuprof.specs import GpuSpec, resolve
 from gpuprof.timeline import CLASSES
 from gpuprof.trace.model import RankTrace, TraceMeta
 
-TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
+TRACE_SUFFIXES = cache_keys.TRACE_SUFFIXES
 SCHEMA_VERSION = 1
 
 
@@ -210,6 +211,12 @@ class Analysis:
     notices: tuple[str, ...] = ()  # what the analysis itself warns of (an impossible step time, ...)
     notes: tuple[Finding, ...] = ()  # findings that save (next to) nothing: not fixes, listed apart
     folder: str | None = None  # the run folder analysed, when it was one
+    #: The summary's replayed figures (replay and projected step times), read from the results
+    #: cache: with them a cached report needs no frames (else computed from the frames on first use).
+    replayed: dict[str, Any] | None = None
+    #: Where to file those figures once computed: the single trace's job, its result-key inputs
+    #: and contributions (the figures join them in that one results-cache entry).
+    replay_cache: tuple[Job, tuple[Any, ...], list[Any]] | None = None
 
     # --- frames ----------------------------------------------------------------------------
     @cached_property
@@ -281,8 +288,7 @@ class Analysis:
         out: dict[str, Any] = {
             "steps": int(max(len(p.steps) for p in self.parts)),
             "step_time_ms": float(np.mean([x.step_time_ms for x in s])),
-            "replay_step_time_ms": self._replay_step_ms(),
-            **self._projection(),
+            **self._replay_figures(),
             "gpu_busy_pct": float(np.mean([x.gpu_busy_pct for x in s])),
             "mfu_pct": float(np.mean(mfus)) if mfus else None,
             "breakdown_pct": {k: float(np.mean([x.breakdown_pct[k] for x in s])) for k in keys},
@@ -301,6 +307,22 @@ class Analysis:
             out["per_rank"] = [{"rank": p.rank, "step_time_ms": p.summary.step_time_ms,
                                 "gpu_busy_pct": p.summary.gpu_busy_pct,
                                 "communication_pct": p.summary.breakdown_pct["communication"]} for p in self.parts]
+        return out
+
+    def _replay_figures(self) -> dict[str, Any]:
+        """``replay_step_time_ms`` and the projection (``_projection``): from the results cache
+        when it had them, else replayed now (and filed there, under the bytes the frames came from)."""
+        if self.replayed is not None:
+            return dict(self.replayed)
+        out: dict[str, Any] = {"replay_step_time_ms": self._replay_step_ms(), **self._projection()}
+        if self.replay_cache is not None:
+            from gpuprof.trace import cache as pcache
+
+            job, single, contribs = self.replay_cache
+            content = self.ranks[0].trace.meta.content_key if len(self.ranks) == 1 else None
+            key = job_key(job, *single, content=content) if content else None
+            if key is not None:  # the entry the analysis was filed in, now with the figures
+                pcache.put_result(key, (self.parts, self.spec, contribs, out), _single_result_type())
         return out
 
     def _plan(self) -> Any:
@@ -324,7 +346,11 @@ class Analysis:
     def what_if(self, ids: Sequence[str]) -> dict[str, Any]:
         """Replayed step time (ms, steady state) with the fixes of the findings ``ids`` applied
         together, beside the unchanged replay, and the time per step by class after them.
-        Ids that are not this analysis's replayable findings are listed in ``not_applied``."""
+        Ids that are not this analysis's replayable findings are listed in ``not_applied``.
+        Several ranks: the job is replayed across ranks (gpuprof.replay.ranks) and the step time is
+        the slowest rank's; ``by_class_ms`` is not computed there."""
+        if len(self.parts) > 1:
+            return self._what_if_job(list(ids))
         p = self._plan()
         if p is None:
             raise GpuprofError("what-if needs one rank whose trace replays (several ranks: analyse one rank's trace)")
@@ -332,6 +358,44 @@ class Analysis:
         return {"before_ms": p.before_ms, "step_time_ms": p.after_ms(ids), "by_class_ms": p.by_class_ms(ids),
                 "applied": sorted(i for i in set(ids) if i in p.units),
                 "not_applied": sorted(i for i in set(ids) if i not in p.units)}
+
+    def _what_if_job(self, ids: list[str]) -> dict[str, Any]:
+        """:meth:`what_if` for several ranks: each rank's findings applied to its part of the job
+        graph as for one rank (its units, gpuprof.replay.fixes), the cross-rank ones by their
+        cross-rank transformation; step times are the slowest rank's."""
+        from gpuprof.analyzers import distributed, job_graph, rank_contributions, select
+        from gpuprof.replay import fixes
+        from gpuprof.replay.ranks import cross_fix, slowest_ms
+
+        got = job_graph([r.trace for r in self.ranks], self.parts[0].unprofiled_step_ms)
+        if got is None:
+            raise GpuprofError("what-if: the job has no graph to replay")
+        g, rank_graphs = got
+        before = slowest_ms(g)
+        by_id = {f.id: f for f in self.findings}
+        active, _ = select(self.parts, self.spec)
+        results = {r.trace.meta.rank: r for r in self.ranks}
+        # each rank's units after the cross-rank findings' claims, as in the analysis (a slow rank's
+        # idle gaps inside the others' waits belong to rank_imbalance, not to launch_overhead)
+        cross = distributed.plan(self.parts, lambda slow, waits, waiting: distributed.slow_detail(
+            results[slow], waits, waiting), [a.name for a in active])
+        applied: set[str] = set()
+        after = g
+        for part in self.parts:
+            rank_contributions(self.one_rank(part.rank), active, cross.get(part.rank, ()))
+            p = fixes.cached_plan(self.ranks[[q.rank for q in self.parts].index(part.rank)].trace)
+            if p is None:
+                continue
+            for i in sorted(set(ids) & set(p.units)):
+                after = fixes.apply(after, p.view, p.categories[i], p.units[i])
+                applied.add(i)
+        for i in sorted(set(ids)):
+            cat = by_id[i].category if i in by_id else None
+            if cat in ("rank_imbalance", "exposed_communication"):
+                after = cross_fix(cat, after, rank_graphs)
+                applied.add(i)
+        return {"before_ms": before, "step_time_ms": slowest_ms(after), "by_class_ms": None,
+                "applied": sorted(applied), "not_applied": sorted(set(ids) - applied)}
 
     def _projection(self) -> dict[str, Any]:
         """``projected_step_time_ms``: every high- and medium-confidence fix applied in one replay,
@@ -744,6 +808,39 @@ def findings_job(job: Job, part: RankPart, active: Sequence[str], cross: Sequenc
     return got
 
 
+def graph_job(job: Job) -> Any:
+    """Worker: one rank's dependency graph, ready to join the others' (gpuprof.replay.ranks)."""
+    from gpuprof.replay.ranks import rank_graph
+
+    r, _ = load_rank(job)
+    return rank_graph(r.trace)
+
+
+def _job_replay(ex: _Exec, jobs: Sequence[Job], real_step_ms: float | None, categories: Sequence[str]
+                ) -> dict[str, list[float]]:
+    """The cross-rank findings' replay (gpuprof.replay.ranks.fix_steps): each rank's graph built
+    by the workers, joined here; filed in the results cache under every rank's content, so an
+    unchanged job is not loaded again for it."""
+    from gpuprof.replay.ranks import fix_steps
+    from gpuprof.trace import cache as pcache
+
+    def key() -> str | None:
+        keys = [job_key(j, "graph") for j in jobs]
+        return pcache.result_key("job_replay", tuple(keys), real_step_ms, tuple(categories)) if all(keys) else None
+
+    kind = dict[str, list[float]]
+    root = Path(jobs[0].cache_root) if jobs and jobs[0].cache_root else None
+    before = key()
+    if before is not None:
+        hit: dict[str, list[float]] | None = pcache.get_result(before, kind, root)
+        if hit is not None:
+            return hit
+    out = fix_steps(ex.map(graph_job, jobs), real_step_ms, categories)
+    if before is not None and key() == before:  # the files did not change meanwhile
+        pcache.put_result(before, out, kind, root)
+    return out
+
+
 def slow_job(job: Job, waits: pd.DataFrame, waiting: int) -> dict[str, Any]:
     from gpuprof.analyzers.distributed import slow_detail
 
@@ -788,20 +885,19 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
     if not (isinstance(recorded, (int, float)) and math.isfinite(recorded) and recorded > 0):
         recorded = None
     real = step_ms if step_ms is not None else (float(recorded) if recorded is not None else None)
+    # A run folder's own figure that is impossible is dropped as soon as the ranks' summaries show
+    # it (before any analyzer runs): the analysis is then the one without a real step time.
     a = _analyze_real(seq, real, gpu, gpu_spec, analyzers, cache, workers, dask, keep_traces, progress, folder,
-                      manifest, as_ranks)
+                      manifest, as_ranks, drop_impossible=step_ms is None)
     if real is None or any(p.meta.steps_source == "whole trace" for p in a.parts):
         return a  # without step markers the trace's one "step" is not the program's: nothing to compare
     busy = max(work_ms_per_step(p) for p in a.parts)
     traced = max(p.summary.step_time_ms for p in a.parts)
-    if real < busy * (1.0 - WORK_TOLERANCE):
+    if _impossible(a.parts, real):
         if step_ms is not None:
             raise UsageError(f"--step-ms {step_ms:g} is below the GPU's busy time per step in the trace "
                              f"({busy:.2f} ms, communication aside): no step can be shorter than its kernels; "
                              "give the step time measured without the profiler")
-        # The run folder's own figure is impossible: report it, and analyse as if it were unknown.
-        a = _analyze_real(seq, None, gpu, gpu_spec, analyzers, cache, workers, dask, keep_traces, progress, folder,
-                          manifest, as_ranks)
         return replace(a, notices=(f"the run's recorded unprofiled step time ({real:.2f} ms) is below the GPU's "
                                    f"busy time per step in the trace ({busy:.2f} ms, communication aside), so it "
                                    "cannot be right and is not used (pass --step-ms with the real step time)",))
@@ -811,6 +907,18 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
                                    f"({traced:.2f} ms); the profiler only adds time, so it is likely of another "
                                    "program or setting, or counts more than one step",))
     return a
+
+
+def _impossible(parts: Sequence[RankPart], real: float | None) -> bool:
+    """Whether a real step time is below the GPU's own work per step on some rank (see ``analyze``)."""
+    if real is None or any(p.meta.steps_source == "whole trace" for p in parts):
+        return False
+    return real < max(work_ms_per_step(p) for p in parts) * (1.0 - WORK_TOLERANCE)
+
+
+def _without_step(part: RankPart) -> RankPart:
+    """``part`` as computed without a real step time (its profiler cost per event needs one)."""
+    return replace(part, unprofiled_step_ms=None, event_cost_us=0.0)
 
 
 def work_ms_per_step(part: RankPart) -> float:
@@ -834,8 +942,10 @@ FAR_ABOVE_TRACED = 1.5
 def _analyze_real(seq: list[str | Path], step_ms: float | None, gpu: str | None, gpu_spec: str | None,
                   analyzers: Sequence[str] | None, cache: bool, workers: int | None, dask: str | None,
                   keep_traces: bool | None, progress: Callable[[int, int, str], None] | None,
-                  folder: Path | None, manifest: dict[str, Any], as_ranks: bool) -> Analysis:
-    """:func:`analyze` with the real step time settled (``step_ms``, or None when unknown)."""
+                  folder: Path | None, manifest: dict[str, Any], as_ranks: bool, drop_impossible: bool = False
+                  ) -> Analysis:
+    """:func:`analyze` with the real step time settled (``step_ms``, or None when unknown; with
+    ``drop_impossible``, None as well where the ranks' summaries show it impossible)."""
     files = find_traces(seq)
     run_folder = str(folder) if folder is not None and len(seq) == 1 else None
     jobs = [Job(str(Path(f).resolve()), i, cache, gpu, gpu_spec, step_ms) for i, f in enumerate(files)]
@@ -849,7 +959,8 @@ def _analyze_real(seq: list[str | Path], step_ms: float | None, gpu: str | None,
             jobs = [replace(j, cache=True, cache_root=tmp) for j in jobs]
         a = _analyze_jobs(jobs, keep, gpu, gpu_spec, analyzers, step_ms, workers, dask, manifest, samples,
                           period, gpu_of, whole_result_cache=keep_traces is None, progress=progress,
-                          as_ranks=as_ranks or (len(seq) == 1 and bool(manifest.get("traces"))))
+                          as_ranks=as_ranks or (len(seq) == 1 and bool(manifest.get("traces"))),
+                          drop_impossible=drop_impossible)
     if not cache:  # loading again later (Analysis.ranks) must not look for the private cache
         a = replace(a, jobs=tuple(replace(j, cache=False, cache_root=None) for j in a.jobs))
     return replace(a, folder=run_folder)
@@ -859,7 +970,8 @@ def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | 
                   analyzers: Sequence[str] | None, step_ms: float | None, workers: int | None, dask: str | None,
                   manifest: dict[str, Any], samples: pd.DataFrame | None, period: float,
                   gpu_of: dict[int, int], whole_result_cache: bool = False,
-                  progress: Callable[[int, int, str], None] | None = None, as_ranks: bool = True) -> Analysis:
+                  progress: Callable[[int, int, str], None] | None = None, as_ranks: bool = True,
+                  drop_impossible: bool = False) -> Analysis:
     from gpuprof.analyzers import contributions_in_memory, distributed, findings_of, select
     from gpuprof.trace import cache as pcache
 
@@ -872,11 +984,12 @@ def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | 
         result_key = job_key(jobs[0], *single)
         hit = pcache.get_result(result_key, SingleResult) if result_key else None
         if hit is not None:
-            parts_hit, spec_hit, contribs_hit = hit
+            parts_hit, spec_hit, contribs_hit, figures = hit
             _, skipped_hit = select(parts_hit, spec_hit, analyzers)
             fixes, notes = _findings(findings_of(parts_hit, contribs_hit))
             return Analysis(parts=parts_hit, spec=spec_hit, findings=fixes, notes=notes,
-                            skipped=tuple(skipped_hit), run=manifest, jobs=tuple(jobs))
+                            skipped=tuple(skipped_hit), run=manifest, jobs=tuple(jobs), replayed=figures,
+                            replay_cache=(jobs[0], single, contribs_hit) if figures is None else None)
     with _Exec(len(jobs), workers, dask, progress) as ex:
         if keep:
             traces = ex.map(_trace_job, jobs, stage="loaded")
@@ -898,24 +1011,33 @@ def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | 
             for i in order:
                 t = traces[i] if traces[i].meta.rank == metas[i].rank else with_rank(traces[i], metas[i].rank)
                 results.append(result_of(t, spec, step_ms, _rank_samples(t.meta, t.steps, samples, gpu_of), period))
-            base = Analysis(parts=tuple(part_of(r) for r in results), spec=spec, run=manifest, jobs=tuple(jobs),
-                            results=tuple(results))
+            key_job = jobs[0]  # (the results are filed under the options asked for)
+            parts = tuple(part_of(r) for r in results)
+            if drop_impossible and _impossible(parts, step_ms):
+                results = [replace(r, unprofiled_step_ms=None) for r in results]
+                parts = tuple(_without_step(p) for p in parts)
+                jobs = [replace(j, step_ms=None) for j in jobs]
+            base = Analysis(parts=parts, spec=spec, run=manifest, jobs=tuple(jobs), results=tuple(results))
             contribs, skipped = contributions_in_memory(base, only=analyzers)
             content = traces[0].meta.content_key
-            store_key = job_key(jobs[0], *single, content=content) if result_key and content else None
+            store_key = job_key(key_job, *single, content=content) if result_key and content else None
             if store_key is not None:  # filed under the bytes it was computed from
-                pcache.put_result(store_key, (base.parts, spec, contribs), SingleResult)
+                pcache.put_result(store_key, (base.parts, spec, contribs, None), SingleResult)
             fixes, notes = _findings(findings_of(base.parts, contribs))
-            return replace(base, findings=fixes, notes=notes, skipped=tuple(skipped))
+            return replace(base, findings=fixes, notes=notes, skipped=tuple(skipped),
+                           replay_cache=(key_job, single, contribs) if store_key is not None else None)
         parts = tuple(replace(firsts[i][0], meta=metas[i],
                               collectives=firsts[i][0].collectives.assign(rank=metas[i].rank),
                               nvml=_rank_samples(metas[i], firsts[i][0].steps, samples, gpu_of), nvml_period_s=period)
                       for i in order)
+        if drop_impossible and _impossible(parts, step_ms):
+            parts = tuple(_without_step(p) for p in parts)
+            jobs = [replace(j, step_ms=None) for j in jobs]
         active, skipped = select(parts, spec, analyzers)
         names = [a.name for a in active]
         job_of = {p.rank: j for p, j in zip(parts, jobs)}
         cross = distributed.plan(parts, lambda slow, waits, waiting: ex.call(slow_job, job_of[slow], waits, waiting),
-                                 names)
+                                 names, replay=lambda cats: _job_replay(ex, jobs, step_ms, cats))
         contribs = ex.map(findings_job, jobs, parts, [names] * len(parts), [cross.get(p.rank, []) for p in parts],
                           stage="analysed")
     fixes, notes = _findings(findings_of(parts, [c for cs in contribs for c in cs]))
@@ -923,10 +1045,14 @@ def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | 
                     jobs=tuple(jobs))
 
 
+#: The summary's replayed figures as the results cache holds them (None: not computed yet).
+ReplayFigures = dict[str, float | list[str] | None] | None
+
+
 def _single_result_type() -> Any:
     from gpuprof.analyzers._base import Contribution
 
-    return tuple[tuple[RankPart, ...], GpuSpec | None, list[Contribution]]
+    return tuple[tuple[RankPart, ...], GpuSpec | None, list[Contribution], ReplayFigures]
 
 
 def _findings(ranked: list[Finding]) -> tuple[tuple[Finding, ...], tuple[Finding, ...]]:

@@ -194,11 +194,26 @@ def _report(paths: tuple[Path, ...], fmt: str, output: Path | None, force: bool,
             gpu_spec: Path | None, step_ms: float | None, no_cache: bool, workers: int | None,
             dask_address: str | None, as_ranks: bool, annotated: Path | None = None) -> None:
     try:
+        stored = fmt == "json" and not no_cache and annotated is None
+        if stored:  # the same report of unchanged trace files: printed from the cache, nothing imported
+            from gpuprof import cache_keys
+
+            options = (gpu, cache_keys.spec_digest(str(gpu_spec) if gpu_spec else None), step_ms, as_ranks)
+            key = cache_keys.report_key(list(paths), fmt, options)
+            text = cache_keys.cached_report(key) if key else None
+            if text is not None:
+                _emit(text, output, force)
+                return
         if sys.stderr.isatty():
             click.echo(f"gpuprof: analysing {len(paths)} path(s)…", err=True)
         analysis = gpuprof.analyze(list(paths), gpu=gpu, gpu_spec=str(gpu_spec) if gpu_spec else None,
                                    step_ms=step_ms, cache=not no_cache, workers=workers, dask=dask_address,
                                    progress=_progress if sys.stderr.isatty() else None, as_ranks=as_ranks)
+        if stored:
+            text = analysis.to_json()
+            _store_report(analysis, list(paths), fmt, options, text)
+            _emit(text, output, force)
+            return
         if annotated is not None:
             _annotate(analysis, annotated, force)
         if fmt == "html":
@@ -212,6 +227,20 @@ def _report(paths: tuple[Path, ...], fmt: str, output: Path | None, force: bool,
               output, force)
     except GpuprofError as e:
         _fail(e)
+
+
+def _store_report(analysis: Any, paths: list[Path], fmt: str, options: tuple[Any, ...], text: str) -> None:
+    """File the report under the bytes each trace file's part was computed from (never under what
+    a file holds by now); not at all when a path is not one of the analysed files."""
+    from gpuprof import cache_keys
+    from gpuprof.trace import cache as pcache
+
+    by_path = {j.path: p.meta.content_key for j, p in zip(analysis.jobs, analysis.parts)}
+    if any(c is None for c in by_path.values()):
+        return
+    key = cache_keys.report_key(paths, fmt, options, {k: str(c) for k, c in by_path.items()})
+    if key is not None:
+        pcache.put_result(key, text, str)
 
 
 def _annotate(analysis: Any, out: Path, force: bool) -> None:

@@ -26,6 +26,7 @@ CATEGORIES = (
     "allocator_churn",
     "host_stall",
     "memory_format",
+    "compile",
 )
 
 

@@ -15,6 +15,20 @@ dtype whose roof applies; the roofline time ``max(flops / peak, bytes / bandwidt
   or newer GPU. These issue ``mma.sync`` from shared memory and are limited by the on-chip memory
   pipes and issue rate, not by the tensor peak (Nsight Compute: memory pipes ~80 %, SM ~35 %), so
   they are ``memory``-bound (``latency`` only when short), however far below the tensor roof.
+* ``issue_bound``: on a Hopper or newer GPU, TensorIterator's scalar elementwise paths, which
+  move one element per load/store instruction and add integer work per element: the legacy
+  ``elementwise_kernel<nt, vt, ...>`` (non-contiguous or broadcast operands: an OffsetCalculator
+  divides each element's index by every dimension's size, for every operand) and
+  ``unrolled_elementwise_kernel`` (contiguous, but a dtype switch per element for a dynamic
+  cast). At Hopper's bandwidth per instruction slot the SM's instruction issue, not DRAM, is
+  their busier unit (Nsight Compute on the H200: SM 48-61 %, DRAM 13-44 %, on every one in the
+  gpt samples), so they are ``compute``-bound (``latency`` when short and far below the roof);
+  ``roofline_pct`` stays against their bytes, which is what a vectorised kernel would move.
+  Not when an operand runs across its rows (:func:`coalesced`: an NCHW tensor with a channels-last
+  one, a transposing copy): then the memory pipes, not issue, are busier (ncu: ResNet-50's mixed-
+  layout ``threshold_backward``, SM 38 %, memory 86 %) and the ordinary roofline class stands.
+  Their fix is the same as a memory-bound elementwise kernel's: fusion, contiguous operands,
+  no mixed-dtype arithmetic.
 * Layout transforms (cuDNN ``nchwToNhwcKernel``/``nhwcToNchwKernel`` around NCHW convolutions)
   take no share of their convolution's FLOPs (family ``layout``, cost unknown): they move data.
 
@@ -50,6 +64,8 @@ _TENSOR_CORE = re.compile(r"nvjet|gmma|wgmma|tensorop|hmma|imma|_mma|s1688|h1688
 _TF32_NAME = re.compile(r"tf32", re.IGNORECASE)
 PRE_HOPPER = re.compile(r"cutlass_75|cutlass_80|sm75_|sm80_|ampere_|turing_", re.IGNORECASE)
 LAYOUT_TRANSFORM = re.compile(r"nchwToNhwc|nhwcToNchw|nchw_?to_?nhwc|nhwc_?to_?nchw", re.IGNORECASE)
+# TensorIterator's scalar paths (module docstring): the legacy strided kernel and the dynamic-cast one.
+SCALAR_ELEMENTWISE = re.compile(r"\bunrolled_elementwise_kernel<|(?<![\w])elementwise_kernel<\s*\d+,\s*\d+,")
 
 
 def per_name(names: pd.Series, fn: Callable[[str], Any], dtype: Any = object) -> np.ndarray:
@@ -65,6 +81,49 @@ def engine_of(names: pd.Series) -> pd.Series:
     """'tensor', 'cuda' or '' (not a matrix kernel, or not recognised) for each kernel name."""
     return pd.Series(per_name(names, lambda n: "cuda" if _CUDA_CORE.search(n) else
                               "tensor" if _TENSOR_CORE.search(n) else ""), index=names.index)
+
+
+def coalesced(dims: Any, strides: Any) -> bool:
+    """Whether an elementwise op's tensor operands all run along the same unit-stride dimension
+    (aligned from the right, as broadcasting aligns them). A broadcast dimension (stride 0) or one
+    of size 1 is no evidence either way; an operand with no unit-stride dimension, or two operands
+    contiguous along different dimensions (an NCHW tensor with a channels-last one, a transposing
+    copy: dst and src are both recorded), means one is read or written across its rows. Unknown
+    (no strides recorded): True, TensorIterator's usual case."""
+    if not isinstance(dims, list) or not isinstance(strides, list):
+        return True
+    unit: set[int] = set()
+    for d, st in zip(dims, strides):
+        if not (isinstance(d, list) and isinstance(st, list) and d and len(d) == len(st)
+                and all(isinstance(x, int) for x in d + st)):
+            continue  # a scalar, a list or no strides
+        live = [i - len(d) for i, (n, x) in enumerate(zip(d, st)) if n > 1 and x != 0]
+        if not live:
+            continue
+        ones = [i for i in live if st[i] == 1]
+        if not ones:
+            return False
+        unit.add(ones[-1])
+    return len(unit) <= 1
+
+
+def _coalesced_ops(ops: pd.DataFrame, op: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """:func:`coalesced` of each wanted kernel's op, evaluated once per distinct op signature."""
+    from gpuprof.trace.load import parse_arg
+
+    out = np.ones(len(op), dtype=bool)
+    rows = op[wanted & (op >= 0)]
+    if not len(rows) or not len(ops) or "input_strides" not in ops:
+        return out
+    uniq = np.unique(rows)
+    dims, strides = ops["input_dims"].to_numpy()[uniq], ops["input_strides"].to_numpy()[uniq]
+    memo: dict[tuple[Any, Any], bool] = {}
+    per = np.array([memo.setdefault((d, s), coalesced(parse_arg(d) if isinstance(d, (bytes, str)) else None,
+                                                      parse_arg(s) if isinstance(s, (bytes, str)) else None))
+                    for d, s in zip(dims, strides)], dtype=bool)
+    hit = wanted & (op >= 0)
+    out[hit] = per[np.searchsorted(uniq, op[hit])]
+    return out
 
 
 def _hopper(trace: RankTrace, spec: GpuSpec | None) -> bool:
@@ -157,8 +216,12 @@ def classify(trace: RankTrace, spec: GpuSpec | None) -> pd.DataFrame:
     out["fallback_gemm"] = fallback
     # A fallback kernel's distance from the tensor roof says nothing about latency: only being short does.
     latency = known & (out["roofline_pct"].to_numpy() < LATENCY_PCT) & np.where(fallback, short, small)
-    bound = np.where(~known, "unknown", np.where(latency, "latency",
-                     np.where(fallback | (out["ai"].to_numpy() < ridge), "memory", "compute")))
+    scalar = hopper & known & ~latency & ~matmul & per_name(k["name"], lambda n: bool(SCALAR_ELEMENTWISE.search(n)),
+                                                            dtype=bool)
+    issue = scalar & _coalesced_ops(ops, op, scalar)
+    out["issue_bound"] = issue
+    bound = np.where(~known, "unknown", np.where(latency, "latency", np.where(
+        issue, "compute", np.where(fallback | (out["ai"].to_numpy() < ridge), "memory", "compute"))))
     out["bound"] = pd.Categorical(bound, categories=["compute", "memory", "latency", "unknown"])
     out["cls"] = np.where(k["is_comm"].to_numpy(), "communication", bound)
     return out

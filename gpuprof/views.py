@@ -12,16 +12,49 @@ Times are µs on each rank's own time origin (:mod:`gpuprof.trace.model`) unless
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 if TYPE_CHECKING:
+    from gpuprof.analyzers._base import Candidate
     from gpuprof.api import Analysis
 
 CLAIM_COLUMNS = ["finding", "rank", "kind", "row", "ts", "end", "saved_us", "name", "stream"]
 _KINDS = {"k": "kernel", "m": "memcpy", "gap": "gap"}
+
+
+#: Per trace (by id, while it lives): the candidates its findings were claimed from when it was
+#: analysed, and the idle gaps their gap units number (see :func:`keep_candidates`).
+_KEPT: dict[int, tuple[weakref.ref[Any], list[Candidate], pd.DataFrame]] = {}
+
+
+def keep_candidates(one_rank: Analysis, candidates: Sequence[Candidate]) -> None:
+    """Remember the candidates one rank's findings were just claimed from (called where the
+    analysis runs, :func:`gpuprof.analyzers.rank_contributions`), so :func:`claims` need not run
+    the analyzers again. Held only while the rank's trace is: nothing is copied, the units are
+    those the analysis made."""
+    from gpuprof.analyzers._base import views
+
+    (view,) = views(one_rank)
+    t = one_rank.ranks[0].trace
+    key = id(t)
+
+    def gone(ref: weakref.ref[Any], key: int = key) -> None:
+        if key in _KEPT and _KEPT[key][0] is ref:
+            del _KEPT[key]
+
+    _KEPT[key] = (weakref.ref(t, gone), list(candidates), view.gaps)
+
+
+def _kept(trace: Any) -> tuple[list[Candidate], pd.DataFrame] | None:
+    hit = _KEPT.get(id(trace))
+    if hit is None or hit[0]() is not trace:
+        return None
+    return hit[1], hit[2]
 
 
 def claims(analysis: Analysis) -> pd.DataFrame:
@@ -30,29 +63,38 @@ def claims(analysis: Analysis) -> pd.DataFrame:
     Columns: finding (id), rank, kind (kernel, memcpy, gap), row (of the rank's kernels or
     memcpys; for gaps, of the rank's classified gaps), ts, end (µs), saved_us (what the finding
     counts there, over all profiled steps), name (kernel or copy name; ``idle`` for gaps),
-    stream (-1 for gaps). The analyzers are run again on each rank (their candidates are not
-    kept with the findings); claims are settled exactly as for the report, so the times here sum
-    to each finding's counted saving on that rank (a replayed finding's saving spread over its
-    claims in proportion to what each claimed)."""
+    stream (-1 for gaps). The candidates are those the analysis claimed from (kept with the
+    rank's trace, :func:`keep_candidates`); where they are not held (ranks analysed in worker
+    processes, results read from the results cache) the analyzers are run again on the rank.
+    Claims are settled exactly as for the report, so the times here sum to each finding's
+    counted saving on that rank (a replayed finding's saving spread over its claims in
+    proportion to what each claimed)."""
     from gpuprof.analyzers import distributed, select
     from gpuprof.analyzers._base import Candidate, claimed_units, release_views, views
 
     reported = {f.id for f in analysis.findings}
     if not reported:
         return pd.DataFrame(columns=CLAIM_COLUMNS)
-    active, _ = select(analysis.parts, analysis.spec)
-    results = {r.trace.meta.rank: r for r in analysis.ranks}
-    cross = distributed.plan(analysis.parts, lambda slow, waits, waiting: distributed.slow_detail(
-        results[slow], waits, waiting), [a.name for a in active])
+    cross: dict[int, Any] | None = None
     frames: list[pd.DataFrame] = []
     for part in analysis.parts:
         one = analysis.one_rank(part.rank)
         try:
-            candidates: list[Candidate] = [c for a in active if a.run is not None for c in a.run(one)]
-            (view,) = views(one)
-            candidates.extend(distributed.to_candidate(cc, view) for cc in cross.get(part.rank, ()))
-            owned = claimed_units(candidates, part.n_steps)
             t = one.ranks[0].trace
+            kept = _kept(t)
+            if kept is not None:
+                candidates, gaps = kept
+            else:
+                active, _ = select(analysis.parts, analysis.spec)
+                if cross is None:
+                    results = {r.trace.meta.rank: r for r in analysis.ranks}
+                    cross = distributed.plan(analysis.parts, lambda slow, waits, waiting: distributed.slow_detail(
+                        results[slow], waits, waiting), [a.name for a in active])
+                candidates = [c for a in active if a.run is not None for c in a.run(one)]
+                (view,) = views(one)
+                candidates.extend(distributed.to_candidate(cc, view) for cc in cross.get(part.rank, ()))
+                gaps = view.gaps
+            owned = claimed_units(candidates, part.n_steps)
             for fid, units in owned.items():
                 if fid not in reported or not units:
                     continue
@@ -70,7 +112,7 @@ def claims(analysis: Analysis) -> pd.DataFrame:
                             "name": sel["name"].astype(str).to_numpy(), "stream": sel["stream"].to_numpy()}))
                 m = kinds == "gap"
                 if m.any():
-                    g = view.gaps.loc[rows[m]]
+                    g = gaps.loc[rows[m]]
                     frames.append(pd.DataFrame({
                         "finding": fid, "rank": part.rank, "kind": "gap", "row": rows[m],
                         "ts": g["start"].to_numpy(), "end": g["end"].to_numpy(), "saved_us": saved[m],

@@ -181,7 +181,7 @@ def test_results_cache_for_ranks_apart(tmp_path: Path, monkeypatch: pytest.Monke
 
     a = gpuprof.analyze(SAMPLES / "ddp_slow_rank", workers=1)
     n = len(list((tmp_path / "cache" / "results").glob("*.msgpack")))
-    assert n == 4  # a part and the contributions per rank
+    assert n == 5  # a part and the contributions per rank, and the job's cross-rank replay
     b = gpuprof.analyze(SAMPLES / "ddp_slow_rank", workers=1)
     assert b.to_dict() == a.to_dict() and len(list((tmp_path / "cache" / "results").glob("*.msgpack"))) == n
 
@@ -288,8 +288,8 @@ def _results(root: Path) -> list[Path]:
 
 def test_planted_truncated_or_mistyped_results_never_run_and_are_recomputed(tmp_path: Path,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every stored result (here: a real trace's whole result, and a 2-rank run's parts and
-    contributions) is replaced by a pickle that would run a command, by a truncated copy, and by
+    """Every stored result (here: a real trace's whole result, and a 2-rank run's parts,
+    contributions and cross-rank replay) is replaced by a pickle that would run a command, by a truncated copy, and by
     valid msgpack of the wrong types: the command never runs, each report equals the first, and the
     entry is rewritten with a good value."""
     import pickle
@@ -308,7 +308,8 @@ def test_planted_truncated_or_mistyped_results_never_run_and_are_recomputed(tmp_
         first = gpuprof.analyze(target, **kw).to_dict()
         entries = [f for f in _results(root) if f not in seen]
         seen.update(entries)
-        assert len(entries) == (1 if not kw else 4)  # the whole result; or a part and contributions per rank
+        # the whole result; or a part and contributions per rank, and the job's cross-rank replay
+        assert len(entries) == (1 if not kw else 5)
         good = {f: f.read_bytes() for f in entries}
         for bad in (pickle.dumps(_Planted(ran)), None, msgspec.msgpack.encode({"parts": "x", "spec": [1, 2]})):
             for f in entries:
@@ -352,9 +353,10 @@ def test_results_round_trip_exactly() -> None:
     for path in (SAMPLES / "gpt_bf16.json.gz", SAMPLES / "run_gpt_bf16", SAMPLES / "ddp_slow_rank" / "rank1.json.gz"):
         a = gpuprof.analyze(path, cache=False)
         contribs, _ = contributions_in_memory(a)
-        value = (a.parts, a.spec, contribs)
+        value = (a.parts, a.spec, contribs, a._replay_figures())  # (the summary's replayed figures too)
         back = cache.decode(cache.encode(value), _single_result_type())
-        assert cache.same(back, value)
+        assert cache.same(back, value) and back[3] == a._replay_figures()
+        assert cache.same(cache.decode(cache.encode((*value[:3], None)), _single_result_type()), (*value[:3], None))
         part = back[0][0]
         for name in ("steps", "kernels", "collectives"):
             pd.testing.assert_frame_equal(getattr(part, name), getattr(a.parts[0], name), check_exact=True)

@@ -217,3 +217,29 @@ def test_memory_format_prices_batch_norm_by_the_measured_layout_table() -> None:
     if memory_format.layout_ratios() is None:
         f = finding("resnet50_bf16_nchw", "memory_format")
         assert f is not None and "not claimed" in f.evidence["nchw_kernels_priced"]
+
+
+def test_memory_format_conversion_copies_and_host_floor() -> None:
+    """ConvNeXt-T permutes NCHW activations to NHWC for LayerNorm/Linear and back: those copies go
+    with channels_last, and the two real traces differ by them, the 3 cuDNN transforms and the stem
+    conv (0.48 ms of GPU time). ResNet-50's twin is bound by its host: the estimate's step after is
+    the longer of GPU and host time, within ±20 % of the realised saving."""
+    from gpuprof.analyzers.memory_format import _is_conversion
+
+    nhwc, permuted = [301056, 5376, 96, 1], [301056, 56, 1, 3136]
+    assert _is_conversion([[64, 56, 56, 96], [64, 56, 56, 96], []], [nhwc, permuted, []])
+    assert not _is_conversion([[64, 56, 56, 96], [64, 56, 56, 96], []], [nhwc, nhwc, []])
+    assert not _is_conversion([[64, 56, 56, 96], [1, 1, 1, 96], []], [nhwc, [96, 96, 96, 1], []])
+    assert not _is_conversion([[4096, 1024], [4096, 1024], []], [[1024, 1], [1, 4096], []])  # 2-D: a transpose
+    f = finding("convnext_tiny_bf16_nchw", "memory_format")
+    assert f is not None and f.evidence["layout_conversion_copies_per_step"] > 0
+    gpu_side = gpu_busy_ms("convnext_tiny_bf16_nchw") - gpu_busy_ms("convnext_tiny_bf16_cl")
+    assert f.evidence["gpu_ms_saved_per_step"] == pytest.approx(gpu_side, rel=0.25)
+    assert f.evidence["bound_after"] == "host" and f.estimated_savings_ms <= f.evidence["gpu_ms_saved_per_step"] + \
+        f.evidence["host_ms_saved_per_step"]
+    r = finding("resnet50_bf16_nchw", "memory_format")
+    assert r is not None and r.evidence["layout_conversion_copies_per_step"] == 0
+    realised = step_ms("resnet50_bf16_nchw") - step_ms("resnet50_bf16_cl")
+    assert r.estimated_savings_ms == pytest.approx(realised, rel=0.2)
+    assert r.evidence["step_ms_after_estimated"] == pytest.approx(
+        max(r.evidence["gpu_busy_ms_after"], r.evidence["host_ms_after"]), abs=2e-3)

@@ -106,3 +106,44 @@ def test_spec_file_measured_ceilings(tmp_path: Path) -> None:
         p.write_text(bad)
         with pytest.raises(SpecError, match=msg):
             load_spec_file(p)
+
+
+def test_scalar_elementwise_paths_are_issue_bound_on_hopper_only(tmp_path: Path) -> None:
+    """SYNTHETIC: the same aten::add (64 Mi floats, 805 MB at 1.3 TB/s) on TensorIterator's three
+    paths. The vectorised kernel is memory-bound; the legacy strided kernel and the dynamic-cast
+    one are instruction-issue-bound on an H200 (compute), and memory-bound on an A100 spec."""
+    b = TraceBuilder()
+    b.annotation("ProfilerStep#1", 0, 10_000)
+    names = ["void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>(int, x)",
+             "void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::"
+             "CUDAFunctor_add<float> >(at::TensorIteratorBase&)::{lambda(int)#1}>(int, x)",
+             "void at::native::unrolled_elementwise_kernel<at::native::CUDAFunctor_add<float>, std::array<char*, 3ul>, "
+             "4, TrivialOffsetCalculator<2, unsigned int>>(int, x)"]
+    for i, n in enumerate(names):
+        add = b.op("aten::add", 10 + 1000 * i, 5, [[64 << 20], [64 << 20], []], ["float", "float", "Scalar"])
+        b.launch(n, 11 + 1000 * i, 2000 + 1000 * i, 600.0, add, grid=(65536, 1, 1))
+    tiny = b.op("aten::add", 5000, 5, [[256], [256], []], ["float", "float", "Scalar"])
+    b.launch(names[1], 5001, 6000, 4.0, tiny, grid=(1, 1, 1))  # short and far below the roof: latency
+    t = load_trace(b.write(tmp_path / "t.json"))
+    r = classify(t, resolve(t.meta.device_properties))
+    assert r["bound"].astype(str).tolist() == ["memory", "compute", "compute", "latency"]
+    assert r["issue_bound"].tolist() == [False, True, True, False]
+    assert r["roofline_pct"].iloc[1] == pytest.approx(r["roofline_pct"].iloc[0])  # still against its bytes
+    a100 = next(s for s in BUILTIN.values() if s.arch == "8.0")
+    assert classify(t, a100)["bound"].astype(str).tolist()[:3] == ["memory"] * 3
+
+
+@pytest.mark.parametrize("dims,strides,want", [
+    # ResNet-50's threshold_backward: an NCHW gradient with a channels-last activation
+    ([[64, 2048, 7, 7], [64, 2048, 7, 7], []], [[100352, 49, 7, 1], [100352, 1, 14336, 2048], []], False),
+    # gpt_misaligned's head split: both operands strided, both unit-stride along the last dimension
+    ([[8, 4, 512, 255], [8, 4, 512, 255], []], [[524288, 131072, 256, 1], [1566720, 255, 3060, 1], []], True),
+    ([[64, 2048, 7, 7], []], [[2048, 1, 0, 0], []], True),  # a broadcast (stride 0) operand
+    ([[8, 512, 768], [512, 768], []], [[393216, 768, 1], [768, 1], []], True),  # aligned from the right
+    ([[8, 512, 768]], [[393216, 1536, 2]], False),  # every other element: no unit stride at all
+    ([[8, 512, 768]], None, True),  # no strides recorded: no evidence
+])
+def test_coalesced_operands(dims: list[object], strides: list[object] | None, want: bool) -> None:
+    """Real shapes and strides from the shipped traces (first four), and two made up."""
+    from gpuprof.roofline import coalesced
+    assert coalesced(dims, strides) is want

@@ -18,8 +18,8 @@ Two kinds of node, each with a start and an end:
   ``cudaStreamWaitEvent``). It lasts ``a_dur``. A CUDA-graph launch is one host call holding all
   its kernels: they share that call as their launch.
 * **collectives** (NCCL/RCCL kernels) matched across ranks by process group and sequence number
-  (``a_coll``): each ends ``a_dur`` (its transfer time, measured on the last rank to arrive)
-  after the last rank's kernel started.
+  (``a_coll``, set when ranks are joined: :mod:`gpuprof.replay.ranks`): each ends ``a_dur`` (its
+  transfer time, measured on the last rank to arrive) after the last rank's kernel started.
 
 Edge weights are measured. The edge that held a node up in the trace (its latest constraint) gets
 exactly the measured difference; the others get the rank's typical value (the median launch
@@ -48,8 +48,6 @@ SYNC_NAMES = frozenset({
 COPY_NAMES = frozenset({"cudaMemcpyAsync", "cudaMemcpy", "cudaMemcpy2DAsync", "hipMemcpyAsync", "hipMemcpy",
                         "cuMemcpyAsync", "cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2"})
 KINDS = ("kernel", "memcpy")
-#: Clock slack (µs) allowed between ranks' traces when deciding that a collective synchronised.
-SYNC_SLACK_US = 1.0
 #: A call lasting this many times its name's median that saw GPU work finish was held by the GPU.
 BLOCKED_FACTOR = 10.0
 #: A rank whose pending launches reach this many has filled CUDA's launch queue (about a thousand
@@ -116,12 +114,9 @@ class Graph:
 
 def _activities(t: RankTrace, rank_i: int, offset: float) -> pd.DataFrame:
     cols = ["ts", "end", "stream", "correlation", "step"]
-    k = t.kernels[cols].assign(kind=0, row=np.arange(len(t.kernels)), is_comm=t.kernels["is_comm"].to_numpy(),
-                               pg=t.kernels["process_group"].astype(str).to_numpy()
-                               if "process_group" in t.kernels else "",
-                               cname=t.kernels["name"].astype(str).to_numpy())
+    k = t.kernels[cols].assign(kind=0, row=np.arange(len(t.kernels)), is_comm=t.kernels["is_comm"].to_numpy())
     pageable = (_text(t.memcpys["src"]) == "Pageable") | (_text(t.memcpys["dst"]) == "Pageable")
-    m = t.memcpys[cols].assign(kind=1, row=np.arange(len(t.memcpys)), is_comm=False, pg="", cname="",
+    m = t.memcpys[cols].assign(kind=1, row=np.arange(len(t.memcpys)), is_comm=False,
                                pageable=pageable)
     a = pd.concat([k, m], ignore_index=True)
     a["ts"] = a["ts"] + offset
@@ -159,7 +154,13 @@ def _median_or(x: np.ndarray, fallback: float) -> float:
 
 
 def build(traces: Sequence[RankTrace]) -> Graph:
-    """The dependency graph of one job from its ranks' traces (one trace: a one-rank job)."""
+    """The dependency graph of one job from its ranks' traces (one trace: a one-rank job). Several
+    ranks: each rank's graph built alone and joined, collectives matched across ranks
+    (:func:`gpuprof.replay.ranks.build_job`)."""
+    if len(traces) > 1:
+        from gpuprof.replay.ranks import build_job
+
+        return build_job(traces)
     ranks = tuple(t.meta.rank for t in traces)
     t0 = np.array([t.meta.t0_epoch_ns for t in traces], dtype=np.int64)
     offset = ((t0 - t0.min()) / 1000.0).astype(float) if len(t0) else np.zeros(0)
@@ -183,7 +184,7 @@ def build(traces: Sequence[RankTrace]) -> Graph:
     h_wait, h_tail, h_dur = _waits(h, a, launch)
     h_bp, h_bpw, h_gap = _queue(h, a, launch, h_gap)
     a_first, lat, sgap, dep, depw = _gpu_edges(a, h, launch)
-    coll, dur = _collectives(a)
+    coll, dur = np.full(len(a), -1, dtype=np.int64), (a["end"] - a["ts"]).to_numpy()  # coupled by ranks.join
     s_rank, s_cpu, s_anchor = _steps(traces, offset, h)
     return Graph(
         ranks=ranks, rank_offset_us=offset,
@@ -363,33 +364,6 @@ def _gpu_edges(a: pd.DataFrame, h: pd.DataFrame, launch: np.ndarray
     lat = np.where(via_launch, lat_meas, lat)
     sgap = np.where(held & ~via_launch, sgap_meas, sgap)
     return first, np.nan_to_num(lat), np.nan_to_num(sgap), dep, depw
-
-
-def _collectives(a: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """Match each rank's n-th collective of a process group with the other ranks' n-th; a
-    collective ends its transfer time after the last rank's kernel started. The transfer time is
-    each rank's own end less the last arrival, never negative, so no edge weighs more than the
-    trace measured (the condition for the graph to have no positive cycle)."""
-    dur = (a["end"] - a["ts"]).to_numpy().copy()
-    coll = np.full(len(a), -1, dtype=np.int64)
-    c = a[a["is_comm"].to_numpy().astype(bool)]
-    if c.empty or a["rank_i"].nunique() < 2:
-        return coll, dur
-    c = c.sort_values("ts", kind="stable")
-    group = c["pg"].where(c["pg"].isin(["", "nan", "None"]) == False, c["cname"])  # noqa: E712
-    seq = c.groupby([c["rank_i"], group]).cumcount()
-    key = pd.MultiIndex.from_arrays([group.to_numpy(), seq.to_numpy()])
-    ids, uniq = pd.factorize(key)
-    nranks = pd.Series(c["rank_i"].to_numpy()).groupby(ids).nunique().to_numpy()
-    idx = c.index.to_numpy()
-    last_arrival = pd.Series(c["ts"].to_numpy()).groupby(ids).transform("max").to_numpy()
-    # Couple only collectives the trace shows synchronising: every rank ended after the last one
-    # arrived. A small broadcast's root may finish alone (NCCL's LL protocol buffers the send).
-    first_end = pd.Series(c["end"].to_numpy()).groupby(ids).transform("min").to_numpy()
-    matched = (nranks[ids] > 1) & (first_end >= last_arrival - SYNC_SLACK_US)
-    coll[idx[matched]] = ids[matched]
-    dur[idx[matched]] = np.maximum(c["end"].to_numpy()[matched] - last_arrival[matched], 0.0)
-    return coll, dur
 
 
 def _steps(traces: Sequence[RankTrace], offset: np.ndarray, h: pd.DataFrame

@@ -34,16 +34,17 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any, cast
 
-import blake3
 import msgspec
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 
 import gpuprof
+# Keys (and the report cache) live apart so that a cached report needs no pandas or pyarrow.
+from gpuprof.cache_keys import (  # (re-exported: callers use them from here)
+    FORMAT, cache_dir, content_key, hash_bytes, key_of, remember, source_hash, stat_id)
 from gpuprof.trace.model import RankTrace, TraceMeta
 
-FORMAT = 6  # 5: runtime kind/op, kernels in_graph/name_class, meta graph counts (issue 10), python frames; 6: memory
 FRAMES = ("kernels", "memcpys", "ops", "runtime", "annotations", "steps", "collectives", "python", "memory")
 MARKER = "CACHEDIR.TAG"
 _MARKER_TEXT = ("Signature: 8a477f597d28d172789f06886806bc55\n"
@@ -52,57 +53,6 @@ _KEY = re.compile(r"^[0-9a-f]{64}-\d+-v[0-9A-Za-z.+_-]+-f\d+$")
 _RESULT = re.compile(r"^r-[0-9a-f]{64}\.msgpack$")
 _TMP = "gpuprof-tmp-"
 _STALE_TMP_S = 3600.0  # a temporary entry older than this was left by a killed process
-
-
-def cache_dir() -> Path:
-    if os.environ.get("GPUPROF_CACHE_DIR"):
-        return Path(os.environ["GPUPROF_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "gpuprof"
-
-
-# --- keys ------------------------------------------------------------------------------------
-
-def hash_bytes(data: bytes | memoryview) -> str:
-    """BLAKE3-256 hex digest: collision-resistant (XXH3 was not) at about 1.5 GB/s on one core here."""
-    return blake3.blake3(data).hexdigest()
-
-
-def key_of(raw: bytes) -> str:
-    """The cache key of a trace file whose bytes (as on disk) are ``raw``."""
-    return f"{hash_bytes(raw)}-{len(raw)}-v{gpuprof.__version__}-f{FORMAT}"
-
-
-# Within a process, the key of a file whose identity and times are unchanged is remembered; ctime
-# and inode change on any write or replacement (no user call sets them back), unlike mtime.
-_KEYS: dict[tuple[str, int, int, int, int, int], str] = {}
-
-
-def stat_id(path: Path) -> tuple[str, int, int, int, int, int]:
-    st = path.stat()
-    return (str(path.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def remember(path: Path, before: tuple[str, int, int, int, int, int], key: str) -> None:
-    """Remember ``key`` for ``path`` if the file is still what ``before`` described when it was read."""
-    try:
-        if stat_id(path) == before:
-            _KEYS[before] = key
-    except OSError:
-        pass
-
-
-def content_key(path: Path) -> str:
-    """The key of the file as it is now, for *looking up* entries (hashes it unless remembered).
-    What is stored is always keyed by the bytes it was computed from, never by this."""
-    from gpuprof import files
-
-    memo = stat_id(path)
-    if memo in _KEYS:
-        return _KEYS[memo]
-    key = key_of(files.read_file(path))
-    remember(path, memo, key)
-    return key
 
 
 # --- trace frames ----------------------------------------------------------------------------
@@ -209,17 +159,7 @@ def code_hash() -> str:
     """BLAKE3 of every Python source file of gpuprof and its analyzers and reports (a few ms)."""
     global _CODE_HASH
     if _CODE_HASH is None:
-        import gpuprof.analyzers
-        import gpuprof.reports
-
-        h = blake3.blake3()
-        roots = {Path(m.__file__).resolve().parent for m in (gpuprof, gpuprof.analyzers, gpuprof.reports)
-                 if m.__file__}
-        for root in sorted(roots):
-            for f in sorted(root.rglob("*.py")):
-                h.update(str(f.relative_to(root)).encode())
-                h.update(f.read_bytes())
-        _CODE_HASH = h.hexdigest()
+        _CODE_HASH = source_hash()
     return _CODE_HASH
 
 
@@ -561,5 +501,5 @@ def prune(root: Path | None = None, limit: int | None = None) -> list[Path]:
     return gone
 
 
-__all__ = ["FORMAT", "FRAMES", "cache_dir", "content_key", "get_result", "key_of", "load", "prune",
-           "put_result", "store"]
+__all__ = ["FORMAT", "FRAMES", "cache_dir", "content_key", "get_result", "hash_bytes", "key_of", "load", "prune",
+           "put_result", "remember", "source_hash", "stat_id", "store"]

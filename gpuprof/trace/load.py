@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import hashlib
+import itertools
 import math
 import operator
 import os
@@ -31,7 +32,7 @@ from gpuprof.trace.names import is_comm, kernel_classes
 _NO_RAW = msgspec.Raw(b"")
 
 
-class _Args(msgspec.Struct, omit_defaults=True):
+class _Args(msgspec.Struct, omit_defaults=True, gc=False):
     external_id: Any = msgspec.field(default=None, name="External id")
     external_id_lc: Any = msgspec.field(default=None, name="external id")  # GPU/runtime events, torch <= 1.9
     correlation: Any = None
@@ -58,6 +59,7 @@ class _Args(msgspec.Struct, omit_defaults=True):
     dtype: Any = None
     pg_name: Any = msgspec.field(default=None, name="Process Group Name")
     pg_id: Any = msgspec.field(default=None, name="Process Group ID")
+    seq: Any = msgspec.field(default=None, name="Seq")  # a collective's sequence number in its group (Kineto, 2026)
     name: Any = None
     # [memory] instants (profile_memory=True): the allocation's size (negative: freed) and totals after it
     alloc_bytes: Any = msgspec.field(default=None, name="Bytes")
@@ -67,7 +69,8 @@ class _Args(msgspec.Struct, omit_defaults=True):
     device_type: Any = msgspec.field(default=None, name="Device Type")
 
 
-class _Event(msgspec.Struct):
+# gc=False: decoded JSON holds no cycles, and untracked structs are smaller and quicker to make.
+class _Event(msgspec.Struct, gc=False):
     ph: Any = None
     cat: Any = None
     name: str = ""
@@ -93,6 +96,9 @@ class _TraceFile(msgspec.Struct):
 _DECODER = msgspec.json.Decoder(_TraceFile | list[msgspec.Raw])
 _CHUNK_DECODER = msgspec.json.Decoder(list[_Event])
 _NAME = operator.attrgetter("name")
+_PH = operator.attrgetter("ph")
+_CAT = operator.attrgetter("cat")
+_ARGS = operator.attrgetter("args")
 #: Events decoded together: the typed structs of one chunk are all that exists at once, so memory
 #: holds the file, one small object per event and the columns built so far, not every event decoded.
 CHUNK_EVENTS = 8_192
@@ -283,17 +289,28 @@ def _xyz(values: list[Any]) -> np.ndarray:
     return out
 
 
-def _base(evs: list[_Event], names: dict[str, int]) -> dict[str, Any]:
-    """Name (as a code into ``names``, the bucket's distinct names in order of appearance), ts
-    and dur of a chunk's events; times stay absolute until every chunk is read (``_finish``
-    moves them to the trace's origin)."""
+def _base(evs: list[_Event], names: np.ndarray) -> dict[str, Any]:
+    """Name (``names``: codes into the bucket's distinct names in order of appearance, from
+    :func:`_name_codes`), ts and dur of a chunk's events; times stay absolute until every chunk is
+    read (``_finish`` moves them to the trace's origin)."""
     dur = _num(_col(evs, "dur"))
     return {
-        "name": np.fromiter((names[n] if n in names else names.setdefault(n, len(names)) for n in map(_NAME, evs)),
-                            dtype=np.int32, count=len(evs)),
+        "name": names,
         "ts": _num(_col(evs, "ts")),
         "dur": np.where(np.isfinite(dur) & (dur > 0), dur, 0.0),
     }
+
+
+def _name_codes(codes: np.ndarray, uniques: np.ndarray, names: dict[str, int]) -> np.ndarray:
+    """A bucket's codes from a chunk's (``codes`` into ``uniques``, the chunk's distinct names):
+    ``names`` gains the bucket's new names in order of first appearance; one step per distinct
+    name, the events themselves only through numpy."""
+    lut = np.zeros(len(uniques), dtype=np.int32)
+    for k in pd.unique(codes).tolist():
+        n = uniques[k]
+        lut[k] = names[n] if n in names else names.setdefault(n, len(names))
+    out: np.ndarray = lut[codes]
+    return out
 
 
 def _col(objs: list[Any], field: str) -> list[Any]:
@@ -302,15 +319,41 @@ def _col(objs: list[Any], field: str) -> list[Any]:
 
 
 def _args(evs: list[_Event]) -> list[_Args]:
-    empty = _Args()
-    return [e.args or empty for e in evs]
+    a = list(map(_ARGS, evs))
+    if None in a:  # events without args (or "args": null)
+        empty = _Args()
+        a = [x or empty for x in a]
+    return a
 
 
 def _strs(values: list[Any], names: dict[Any, Any], as_str: bool = False) -> list[Any]:
-    """Strings of a low-cardinality column, each distinct one stored once; others become None."""
-    if as_str:
-        return [None if v is None else names.setdefault(str(v), str(v)) for v in values]
-    return [names.setdefault(v, v) if isinstance(v, str) else None for v in values]
+    """Strings of a low-cardinality column, each distinct one stored once; others become None
+    (``as_str``: other values but None become their ``str``). Worked out once per distinct
+    (type, value), then mapped in C."""
+    keys = list(zip(map(type, values), values))
+    try:
+        distinct = dict.fromkeys(keys)
+    except TypeError:  # a list or object as the value (damaged args): one value at a time
+        if as_str:
+            return [None if v is None else names.setdefault(str(v), str(v)) for v in values]
+        return [names.setdefault(v, v) if isinstance(v, str) else None for v in values]
+    for t, v in distinct:
+        if as_str:
+            distinct[t, v] = None if v is None else names.setdefault(str(v), str(v))
+        else:
+            distinct[t, v] = names.setdefault(v, v) if t is str else None
+    return list(map(distinct.__getitem__, keys))
+
+
+def _first_set(first: list[Any], second: list[Any]) -> list[Any]:
+    """``first``'s value, else (where it is None) ``second``'s, per row."""
+    if None not in first:
+        return first
+    a, b = np.fromiter(first, dtype=object, count=len(first)), np.fromiter(second, dtype=object, count=len(second))
+    unset = np.fromiter(map(operator.is_, first, itertools.repeat(None)), dtype=bool, count=len(first))
+    a[unset] = b[unset]
+    out: list[Any] = a.tolist()
+    return out
 
 
 def _raws(values: list[msgspec.Raw], seen: dict[bytes, bytes | None]) -> list[bytes | None]:
@@ -321,7 +364,7 @@ def _raws(values: list[msgspec.Raw], seen: dict[bytes, bytes | None]) -> list[by
     return list(map(seen.setdefault, copies, copies))
 
 
-def _kernel_cols(evs: list[_Event], names: dict[str, int]) -> dict[str, Any]:
+def _kernel_cols(evs: list[_Event], names: np.ndarray, cats: np.ndarray) -> dict[str, Any]:
     a = _args(evs)
     cols = _base(evs, names)
     cols.update(_gpu_cols(evs, a))
@@ -341,7 +384,8 @@ def _kernel_cols(evs: list[_Event], names: dict[str, int]) -> dict[str, Any]:
     cols["in_nelems"] = _num(_col(a, "in_msg_nelems"))
     cols["out_nelems"] = _num(_col(a, "out_msg_nelems"))
     cols["group_size"] = _num(_col(a, "group_size"), "int64")
-    cols["process_group"] = _strs([x.pg_name if x.pg_name is not None else x.pg_id for x in a], strs, as_str=True)
+    cols["process_group"] = _strs(_first_set(_col(a, "pg_name"), _col(a, "pg_id")), strs, as_str=True)
+    cols["coll_seq"] = _num(_col(a, "seq"), "int64")
     return cols
 
 
@@ -356,7 +400,7 @@ def _gpu_cols(evs: list[_Event], a: list[_Args]) -> dict[str, Any]:
     }
 
 
-def _memcpy_cols(evs: list[_Event], names: dict[str, int]) -> dict[str, Any]:
+def _memcpy_cols(evs: list[_Event], names: np.ndarray, cats: np.ndarray) -> dict[str, Any]:
     a = _args(evs)
     cols = _base(evs, names)
     cols.update(_gpu_cols(evs, a))
@@ -364,7 +408,7 @@ def _memcpy_cols(evs: list[_Event], names: dict[str, int]) -> dict[str, Any]:
     return cols
 
 
-def _op_cols(evs: list[_Event], names: dict[str, int], seen: dict[bytes, bytes | None]) -> dict[str, Any]:
+def _op_cols(evs: list[_Event], names: np.ndarray, seen: dict[bytes, bytes | None]) -> dict[str, Any]:
     a = _args(evs)
     cols = _base(evs, names)
     cols["pid"] = _ids(_col(evs, "pid"))
@@ -377,14 +421,14 @@ def _op_cols(evs: list[_Event], names: dict[str, int], seen: dict[bytes, bytes |
         cols[col] = _raws(list(map(operator.attrgetter(field), a)), seen)
     legacy_dims = list(map(operator.attrgetter("input_dims_lc"), a))
     if any(map(len, legacy_dims)):  # torch 1.8 wrote "Input dims"
-        cols["input_dims"] = [d if d is not None else l for d, l in zip(cols["input_dims"], _raws(legacy_dims, seen))]
+        cols["input_dims"] = _first_set(cols["input_dims"], _raws(legacy_dims, seen))
     return cols
 
 
-def _runtime_cols(evs: list[_Event], names: dict[str, int]) -> dict[str, Any]:
+def _runtime_cols(evs: list[_Event], names: np.ndarray, cats: np.ndarray) -> dict[str, Any]:
     a = _args(evs)
     cols = _base(evs, names)
-    cols["api"] = ["driver" if e.cat == "cuda_driver" else "runtime" for e in evs]
+    cols["api"] = np.where(cats == _CAT_CODE["cuda_driver"], "driver", "runtime").astype(object)
     cols["pid"] = _ids(_col(evs, "pid"))
     cols["tid"] = _ids(_col(evs, "tid"))
     cols["correlation"] = _num(_col(a, "correlation"), "int64")
@@ -392,19 +436,19 @@ def _runtime_cols(evs: list[_Event], names: dict[str, int]) -> dict[str, Any]:
     return cols
 
 
-def _annotation_cols(evs: list[_Event], names: dict[str, int]) -> dict[str, Any]:
+def _annotation_cols(evs: list[_Event], names: np.ndarray, cats: np.ndarray) -> dict[str, Any]:
     a = _args(evs)
     cols = _base(evs, names)
     cols["pid"] = _ids(_col(evs, "pid"))
     cols["tid"] = _ids(_col(evs, "tid"))
-    cols["on_gpu"] = np.array([e.cat == "gpu_user_annotation" for e in evs], dtype=bool)
+    cols["on_gpu"] = cats == _CAT_CODE["gpu_user_annotation"]
     cols["device"] = _num(_col(a, "device"), "int64")
     cols["stream"] = _num(_col(a, "stream"), "int64")
     cols["external_id"] = _ext(a)
     return cols
 
 
-def _python_cols(evs: list[_Event], names: dict[str, int]) -> dict[str, Any]:
+def _python_cols(evs: list[_Event], names: np.ndarray, cats: np.ndarray) -> dict[str, Any]:
     """``python_function`` events (``with_stack=True``): the Python frames, nested by time per thread."""
     cols = _base(evs, names)
     cols["tid"] = _num(_col(evs, "tid"), "int64")
@@ -428,14 +472,15 @@ _CATEGORICAL = {"kernels": ("collective", "coll_dtype", "process_group"), "runti
 def _frame(chunks: list[dict[str, Any]], bucket: str, t_origin: float, names: dict[str, int]) -> pd.DataFrame:
     """One bucket's chunks as a frame: times relative to ``t_origin``, names categorical."""
     if not chunks:  # the columns of no events
-        chunks = [_op_cols([], {}, {}) if bucket == "ops" else _BUILDERS[bucket]([], {})]
+        none = np.zeros(0, dtype=np.int32)
+        chunks = [_op_cols([], none, {}) if bucket == "ops" else _BUILDERS[bucket]([], none, none)]
     cols: dict[str, Any] = {}
     for c in chunks[0]:
         parts = [ch[c] for ch in chunks]
         if isinstance(parts[0], np.ndarray):
             cols[c] = np.concatenate(parts) if len(parts) > 1 else parts[0]
         else:
-            cols[c] = [v for part in parts for v in part]
+            cols[c] = list(itertools.chain.from_iterable(parts))
     chunks.clear()
     cols["name"] = pd.Categorical.from_codes(cols["name"], categories=pd.Index(list(names), dtype=object))
     for c in _CATEGORICAL.get(bucket, ()):
@@ -485,6 +530,54 @@ _BUCKETS = {
     "gpu_user_annotation": "annotations",
     "python_function": "python",
 }
+#: Each category's code (its place in ``_BUCKETS``; -1: not a bucket), and each code's bucket.
+_CAT_CODE = {c: i for i, c in enumerate(_BUCKETS)}
+_BUCKET_NAMES = sorted(set(_BUCKETS.values()))
+_BUCKET_OF = np.array([_BUCKET_NAMES.index(b) for b in _BUCKETS.values()] + [-1])  # (code -1: the last, no bucket)
+_OPS, _ANNOTATIONS = _BUCKET_NAMES.index("ops"), _BUCKET_NAMES.index("annotations")
+
+
+def _cat_codes(cats: list[Any]) -> np.ndarray:
+    """Each event's category code (``_CAT_CODE``), -1 where it is no bucket's or not a string."""
+    try:
+        return np.fromiter(map(_CAT_CODE.get, cats, itertools.repeat(-1)), dtype=np.int64, count=len(cats))
+    except TypeError:  # an unhashable category (a list): damaged, no bucket's
+        return np.fromiter((_CAT_CODE.get(c, -1) if c.__class__ is str else -1 for c in cats), dtype=np.int64,
+                           count=len(cats))
+
+
+def _is(values: list[Any], value: str) -> np.ndarray:
+    """Where ``values`` equal the string ``value`` (whatever type the others are)."""
+    return np.fromiter(map(operator.eq, values, itertools.repeat(value)), dtype=bool, count=len(values))
+
+
+def _split(evs: list[_Event]) -> tuple[dict[str, tuple[list[_Event], np.ndarray, np.ndarray]], list[_Event],
+                                       np.ndarray, np.ndarray]:
+    """A chunk's complete events by bucket, without a Python step per event: per bucket its
+    events, their codes into the chunk's distinct names and their category codes; the
+    ``[memory]`` instants; the chunk's distinct names and each event's code into them.
+
+    PyTorch's own record_function ranges filed as ops (torch 1.8-1.9) go to the annotations."""
+    n = len(evs)
+    name_codes, uniques = pd.factorize(np.fromiter(map(_NAME, evs), dtype=object, count=n))
+    phs = list(map(_PH, evs))
+    cats = _cat_codes(list(map(_CAT, evs)))
+    cats[~_is(phs, "X")] = -1
+    bucket = _BUCKET_OF[cats]
+    recorded = np.fromiter((u.startswith(_RECORD_FUNCTIONS) for u in uniques), dtype=bool, count=len(uniques))
+    if recorded.any():
+        bucket[(bucket == _OPS) & recorded[name_codes]] = _ANNOTATIONS
+    out: dict[str, tuple[list[_Event], np.ndarray, np.ndarray]] = {}
+    for b in np.unique(bucket).tolist():
+        if b >= 0:
+            rows = np.flatnonzero(bucket == b)
+            out[_BUCKET_NAMES[b]] = (list(map(evs.__getitem__, rows.tolist())), name_codes[rows], cats[rows])
+    mem: list[_Event] = []
+    is_memory = uniques == "[memory]"
+    if is_memory.any():
+        rows = np.flatnonzero(is_memory[name_codes] & _is(phs, "i"))
+        mem = list(map(evs.__getitem__, rows.tolist()))
+    return out, mem, uniques, name_codes
 
 
 def _rank_of(doc: _TraceFile, path: Path, fallback: int) -> tuple[int, int]:
@@ -553,26 +646,15 @@ def _load(p: Path, fallback_rank: int, source: list[bytes] | None = None) -> Ran
     names: dict[str, dict[str, int]] = {b: {} for b in chunks}  # per bucket: name -> code
     seen: dict[bytes, bytes | None] = {}
     memory: list[dict[str, np.ndarray]] = []  # [memory] instants, not a bucket: they have no name or duration
-    get = _BUCKETS.get
     for i in range(0, n_events, CHUNK_EVENTS):
         evs = _decode(p, b"[" + b",".join(events[i:i + CHUNK_EVENTS]) + b"]", _CHUNK_DECODER)
-        buckets: dict[str, list[_Event]] = {b: [] for b in chunks}
-        mem: list[_Event] = []
-        for e in evs:
-            if e.ph == "X":
-                b = get(e.cat) if e.cat.__class__ is str else None
-                if b == "ops" and e.name.__class__ is str and e.name.startswith(_RECORD_FUNCTIONS):
-                    b = "annotations"
-                if b is not None:
-                    buckets[b].append(e)
-            elif e.ph == "i" and e.name == "[memory]":
-                mem.append(e)
+        buckets, mem, uniques, _ = _split(evs)
         if mem:
             memory.append(_memory_cols(mem))
-        for b, bevs in buckets.items():
-            if bevs:
-                chunks[b].append(_op_cols(bevs, names[b], seen) if b == "ops" else _BUILDERS[b](bevs, names[b]))
-        del evs, buckets
+        for b, (bevs, codes, cats) in buckets.items():
+            bnames = _name_codes(codes, uniques, names[b])
+            chunks[b].append(_op_cols(bevs, bnames, seen) if b == "ops" else _BUILDERS[b](bevs, bnames, cats))
+        del evs, buckets, mem
     del events, data  # the file's buffer: every column now holds its own copies
     first_ts = np.inf
     for b, cs in chunks.items():

@@ -13,6 +13,8 @@ kernels
     ``gpuprof.trace.names.COMM_PATTERNS``), name_class (what the name says it does: gemm, conv,
     attention, norm, softmax, reduction, copy, elementwise, communication, other;
     ``names.kernel_class``, for traces without shapes and across vendors),
+    collective, coll_dtype, in_nelems, out_nelems, group_size, process_group, coll_seq (a
+    collective's sequence number in its process group, Kineto's ``Seq``; -1 where the trace has none),
     and, from links: launch_ts, launch_tid, launch_api (cudaLaunchKernel, cuLaunchKernelEx,
     hipExtModuleLaunchKernel, cudaGraphLaunch...), in_graph (bool: launched by a graph replay,
     ``cudaGraphLaunch``/``hipGraphLaunch``, whose correlation every kernel of the graph carries),

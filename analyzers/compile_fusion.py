@@ -1,0 +1,288 @@
+"""compile_fusion: what ``torch.compile`` (Inductor) would realise on an eager program: the runs of
+memory-bound kernels it fuses between GEMMs, attention and convolutions (norms incl. RMSNorm as
+pow/mean/rsqrt/mul, rotary mul/neg/cat/add, gated and plain activations, residual adds, dtype casts,
+dropout, softmax, cross-entropy, pooling; forward and backward), and the host work of every
+launch it removes. Eager programs of small kernels are bound by their host (an eager HF Llama
+step: 36 ms for 18 ms of GPU work), so the launches Inductor removes are most of what it saves.
+
+Trigger: an eager trace (no Inductor ``triton_*`` kernels, no ``CompiledFunction`` /
+``Torch-Compiled Region`` spans, no CUDA-graph capture) with runs of two or more consecutive
+fusible kernels on one stream inside one step, outside the optimizer (``torch.compile(model)``
+does not compile ``optimizer.step()``) and outside CUDA-graph replays.
+
+What Inductor makes of a run, as modelled (checked against the compiled twins'
+kernels in sample_traces/h200):
+
+* one kernel per iteration space: kernels over the same number of elements fuse (the op's largest
+  input sets it), so a weight's cast beside an activation's norm stays its own kernel;
+* a reduction into few outputs over a long extent (bias and norm-weight gradients, batch-norm
+  statistics: ``SPLIT_MIN_EXTENT``) runs as a partial pass plus one final pass per output
+  (Inductor's split reductions), so those add kernels.
+
+GPU: each fused kernel moves the bytes of its largest member at the roofline efficiency the run's
+kernels reach (time-weighted); a split pass costs the trace's median small fusible kernel.
+Host: each launched kernel keeps the host cost per kernel the eager step has (real step time ÷
+kernels per step: exact when the host bounds the step, an upper bound otherwise; on the real
+H200 pairs compiled code launched at 0.91-1.09x the eager cost per kernel). The step after is the
+longer of the GPU's busy time (plus the idle after host syncs, which stay) and the host's time for
+the kernels left; the saving is the real step minus that. Where syncs idle the GPU for a tenth of
+the step or more (``SYNC_SHARE``) host and GPU take turns and the estimate is low confidence.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+from gpuprof.analyzers._base import Candidate, RankView, Unit, graph_capture_calls, in_graph, ms, name_mask, \
+    shape_codes, top_names, views
+
+if TYPE_CHECKING:
+    from gpuprof.api import Analysis
+
+FUSIBLE = ("elementwise", "norm", "reduction", "softmax", "loss", "copy", "embedding")
+#: Ops Inductor fuses whose kernels the roofline leaves without a family (pooling, index
+#: arithmetic, in-place counters such as batch norm's ``num_batches_tracked += 1``, the random
+#: masks of dropout and stochastic depth, which Inductor draws inside the fused kernel).
+FUSIBLE_OPS = (r"pool|aten::arange|aten::add_$|aten::fill_$|aten::zero_$|aten::dropout|aten::native_dropout"
+               r"|aten::bernoulli")
+#: A trace that already ran Inductor code: its kernels or its dispatch spans say so.
+COMPILED_KERNELS = r"^triton_"
+COMPILED_SPANS = r"CompiledFunction|Torch-Compiled Region|CompiledFxGraph|TorchDynamo"
+#: Reductions over at least this many elements into few outputs are split by Inductor into a
+#: partial and a final pass (the compiled twins show it from 3,136 elements per output on).
+SPLIT_MIN_EXTENT = 1024
+#: Ops whose reduced outputs are per channel or per feature (few outputs, long extent), with how
+#: many such outputs each has: batch-norm statistics (mean, var) and gradients (weight, bias).
+_PER_CHANNEL = {r"batch_norm": 2, r"group_norm_backward": 2}
+_REDUCE_OPS = ("aten::sum", "aten::mean", "aten::amax", "aten::amin", "aten::var", "aten::var_mean", "aten::std")
+MIN_RUN = 2
+#: Idle after host syncs above this share of the step: host and GPU take turns rather than
+#: overlap, so the step after compile is not max(GPU, host) and the estimate is low confidence.
+SYNC_SHARE = 0.1
+
+
+def already_compiled(v: RankView) -> bool:
+    """True when the trace already ran Inductor-generated code (its kernels or its spans)."""
+    if bool(name_mask(v.kernels["name"], COMPILED_KERNELS).any()):
+        return True
+    t = v.trace
+    for frame in (t.ops, t.annotations):
+        if len(frame) and bool(name_mask(frame["name"], COMPILED_SPANS).any()):
+            return True
+    return False
+
+
+def _numel(dims: object) -> int:
+    """Elements of an op's largest input tensor: Inductor fuses pointwise work over one iteration
+    space, so a run's kernels over the same number of elements become one kernel."""
+    best = 0
+    for d in dims if isinstance(dims, list) else []:
+        if isinstance(d, list) and d and all(isinstance(x, int) for x in d):
+            best = max(best, int(np.prod(np.asarray(d, dtype=np.float64))))
+    return best
+
+
+def split_passes(name: str, dims: Any, concrete: Any) -> int:
+    """Kernels Inductor adds for one op's reductions into few outputs (a final pass per output):
+    0 for pointwise ops and for reductions along the last dimension (norms over features, softmax)."""
+    first = dims[0] if isinstance(dims, list) and dims and isinstance(dims[0], list) else []
+    if not first or not all(isinstance(x, int) for x in first):
+        return 0
+    for pat, outs in _PER_CHANNEL.items():
+        # batch norm in eval mode (training=False) normalises with its running statistics
+        if re.search(pat, name) and ("backward" in name or "True" in str(concrete)):
+            extent = int(np.prod(first)) // max(int(first[1]) if len(first) > 1 else 1, 1)
+            return outs if extent >= SPLIT_MIN_EXTENT else 0
+    if "layer_norm_backward" in name:
+        mask = str(concrete[-1]) if isinstance(concrete, list) and concrete else ""
+        # one final pass per parameter gradient asked for (weight, bias); the input gradient is a
+        # reduction along the features, fused into the pointwise kernel
+        return max(0, mask.count("True") - 1) if int(np.prod(first[:-1])) >= SPLIT_MIN_EXTENT else 0
+    if name in _REDUCE_OPS:
+        raw = concrete[1] if isinstance(concrete, list) and len(concrete) > 1 else ""
+        try:
+            red = json.loads(raw) if raw else None
+        except (TypeError, ValueError):
+            red = None
+        nd = len(first)
+        dims_r = [int(x) % nd for x in (red if isinstance(red, list) else [red])] if red is not None else \
+            list(range(nd))
+        if nd - 1 in dims_r and len(dims_r) < nd:  # along the last dimension: one pass per row
+            return 0
+        return 1 if int(np.prod([first[i] for i in dims_r])) >= SPLIT_MIN_EXTENT else 0
+    return 0
+
+
+def _split_kernels(ops: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """``split_passes`` of each distinct op row in ``rows``, computed once per distinct (name,
+    dims, concrete inputs): a step repeats the same ops thousands of times."""
+    from gpuprof.trace.load import parse_arg
+
+    r = np.unique(rows[(rows >= 0) & (rows < len(ops))])
+    if not len(r):
+        return np.zeros(0)
+    sub = ops.iloc[r]
+    key = (sub["name"].astype(object).map(str) + "\x00" + sub["input_dims"].astype(object).map(str) + "\x00"
+           + sub["concrete_inputs"].astype(object).map(str)).to_numpy()
+    codes, uniq = pd.factorize(key)
+    first = np.unique(codes, return_index=True)[1]
+    per = np.array([split_passes(str(sub["name"].iloc[i]), parse_arg(sub["input_dims"].iloc[i]),
+                                 parse_arg(sub["concrete_inputs"].iloc[i])) for i in first], dtype=np.float64)
+    return per[codes]
+
+
+def gap_claims(v: RankView, inner: dict[Unit, float], want_us: float) -> dict[Unit, float]:
+    """``want_us`` (over all profiled steps) of launch-gap time: the runs' own inner gaps first,
+    then the step's other launch gaps, each at most its real (unprofiled) length."""
+    out: dict[Unit, float] = {}
+    left = want_us
+    for u, d in sorted(inner.items(), key=lambda x: -x[1]):
+        if left <= 0:
+            break
+        out[u] = min(d, left)
+        left -= out[u]
+    g = v.gaps
+    if left > 0 and len(g):
+        rest = g[g["cause"].isin(["launch", "other"]).to_numpy() & (g["real_dur"] > 0).to_numpy()]
+        keys = [("gap", v.rank, int(i)) for i in rest.index]
+        free = np.array([0.0 if k in out else float(d) for k, d in zip(keys, rest["real_dur"])])
+        if free.sum() > 0:
+            share = free * min(1.0, left / free.sum())
+            out.update({k: float(s) for k, s in zip(keys, share) if s > 0})
+    return out
+
+
+def _runs(v: RankView) -> pd.DataFrame:
+    """The fusible kernels of one rank in runs (column ``run``) of ``MIN_RUN`` or more, with the
+    iteration space of each (``numel``) and the roofline time used for fusion (``t_fuse_us``)."""
+    k = v.kernels.sort_values(["device", "stream", "ts"], kind="stable")
+    if k.empty:
+        none: pd.DataFrame = k.assign(run=pd.Series(dtype=np.int64), numel=pd.Series(dtype=np.float64),
+                                      t_fuse_us=pd.Series(dtype=np.float64))
+        return none
+    err = k["model_error"].to_numpy(dtype=bool)
+    t_roof = k["t_roof_us"].to_numpy(dtype=float)
+    # above its HBM roofline (data in L2) or without bytes: it runs at its own time once fused
+    t_fuse = np.where(err | ~np.isfinite(t_roof), k["dur"].to_numpy(dtype=float), t_roof)
+    fam = k["family"].astype(str)
+    by_op = name_mask(k["op_name"], FUSIBLE_OPS) & ~fam.isin(["gemm", "conv", "attention", "layout"]).to_numpy()
+    ok = ((fam.isin(FUSIBLE).to_numpy() | by_op) & ~k["bound"].isin(["compute"]).to_numpy()
+          & ~k["is_comm"].fillna(False).to_numpy(dtype=bool) & ~in_graph(k)
+          & ~_outside_model(v).reindex(k.index).to_numpy())
+    lane = (k["device"].astype(np.int64) * 100_003 + k["stream"] * 101 + k["step"]).to_numpy()
+    brk = np.r_[True, (~ok[1:]) | (~ok[:-1]) | (lane[1:] != lane[:-1])]
+    run = np.where(ok, np.cumsum(brk), -1)
+    kk = k.assign(run=run, t_fuse_us=t_fuse)[ok]
+    kk = kk[kk.groupby("run")["dur"].transform("size").to_numpy() >= MIN_RUN]
+    codes, numels = shape_codes(v.trace.ops, kk["op"].to_numpy(), _numel)
+    el = np.array([*numels, 0], dtype=np.float64)[codes]
+    # a kernel without an op is its own iteration space
+    el = np.where(codes < 0, -1.0 - np.arange(len(kk)), el)
+    out: pd.DataFrame = kk.assign(numel=el)
+    return out
+
+
+def _outside_model(v: RankView) -> pd.Series:
+    """Kernels launched by the optimizer (``Optimizer.step#``/``Optimizer.zero_grad#`` spans):
+    ``torch.compile(model)`` leaves them as they are."""
+    a = v.trace.annotations
+    names = a["name"].astype(str)
+    spans = a[~a["on_gpu"] & (names.str.startswith("Optimizer.step#") | names.str.startswith("Optimizer.zero_grad#"))]
+    k = v.kernels
+    if spans.empty:
+        return pd.Series(False, index=k.index)
+    spans = spans.sort_values("ts")
+    st, en = spans["ts"].to_numpy(), spans["end"].to_numpy()
+    i = np.searchsorted(st, k["launch_ts"].to_numpy(), side="right") - 1
+    inside = (i >= 0) & (k["launch_ts"].to_numpy() < en[np.maximum(i, 0)])
+    return pd.Series(inside, index=k.index)
+
+
+def run(analysis: Analysis) -> list[Candidate]:
+    out = []
+    for v in views(analysis):
+        # a trace that records graph capture is not a steady state: its host time is capture's
+        if v.kernels.empty or already_compiled(v) or graph_capture_calls(v.trace):
+            continue
+        kk = _runs(v)
+        if kk.empty:
+            continue
+        n = v.n_steps
+        g = kk.groupby(["run", "numel"], sort=False)
+        size = g["dur"].transform("size").to_numpy()
+        run_g = kk.groupby("run")
+        eff = (run_g["t_fuse_us"].transform("sum") / run_g["dur"].transform("sum")).clip(1e-3, 1.0).to_numpy()
+        fused = (g["t_fuse_us"].transform("max").to_numpy() / eff)
+        total = g["dur"].transform("sum").to_numpy()
+        # a group of one kernel stays as it is; a group of several becomes one kernel
+        keep = np.where(size > 1, np.clip(1.0 - fused / np.maximum(total, 1e-9), 0.0, 1.0), 0.0)
+        gpu_saved = kk["dur"].to_numpy() * keep
+        extra = _split_kernels(v.trace.ops, kk["op"].to_numpy())
+        small = kk.loc[kk["bound"].astype(str) == "latency", "dur"]
+        small_us = float(small.median()) if len(small) else float(kk["dur"].min())
+        n_groups = g.ngroups
+        counted = ~in_graph(v.kernels)
+        kernels = float(counted.sum()) / n
+        removed = (len(kk) - n_groups - float(extra.sum())) / n
+        after_k = kernels - removed
+        gpu_us = float(gpu_saved.sum()) / n - float(extra.sum()) * small_us / n
+        if gpu_us <= 0 and removed <= 0:
+            continue
+        host_per_kernel = v.real_step_us / kernels if kernels else 0.0
+        host_after = host_per_kernel * after_k
+        # the program's host syncs stay: the GPU still idles while the host refills after each
+        gaps = v.gaps
+        sync_idle = float(gaps.loc[(gaps["cause"] == "sync").to_numpy(), "real_dur"].sum()) / n if len(gaps) else 0.0
+        gpu_after = v.busy_us - gpu_us + sync_idle
+        after = max(gpu_after, host_after)
+        saving = max(0.0, min(v.real_step_us - after, max(gpu_us, 0.0) + max(0.0, v.real_step_us - v.busy_us)))
+        if saving <= 0:
+            continue
+        gpu_pos = max(gpu_us, 0.0)
+        firsts = kk.groupby("run").head(1).index
+        if saving <= gpu_pos:
+            # the GPU bounds the step after: the step shortens by part of what its kernels save
+            units = v.kernel_units(kk.index, gpu_saved * (saving / gpu_pos if gpu_pos else 0.0))
+        else:
+            units = {**v.kernel_units(kk.index, gpu_saved * (gpu_pos * n / max(float(gpu_saved.sum()), 1e-9))),
+                     **gap_claims(v, v.inner_gap_units(kk.index, exclude_first=firsts), (saving - gpu_pos) * n)}
+        n_runs = kk["run"].nunique() / n
+        host_bound = host_after >= gpu_after
+        out.append(Candidate(
+            id="GP-COMPILE-001", category="compile",
+            title=f"torch.compile would fuse {n_runs:.0f} kernel runs per step and remove {removed:.0f} of "
+                  f"{kernels:.0f} kernel launches: about {ms(saving):.1f} ms per step applied alone, the step then "
+                  f"bound by its {'host' if host_bound else 'GPU'} at {ms(after):.1f} ms",
+            # syncs serialise host and GPU, which the max(GPU, host) step does not model
+            confidence="low" if sync_idle >= SYNC_SHARE * v.real_step_us else v.host_confidence("medium"),
+            recommendation="Compile the model: `model = torch.compile(model)` (train step unchanged; the optimizer "
+                           "stays eager, `AdamW(fused=True)` covers it). Inductor fuses norms, activations, residual "
+                           "adds, casts, rotary, dropout and the loss into a few kernels and removes their launches "
+                           "and Python dispatch. Warm up before timing (the first steps compile), check "
+                           "`TORCH_LOGS=graph_breaks` for breaks, and keep shapes static (or `dynamic=False`).",
+            units=units,
+            priority_ms=0.0,
+            evidence={
+                "rank": v.rank, "runs_per_step": round(n_runs, 1),
+                "fusible_kernels_per_step": round(len(kk) / n, 1),
+                "kernels_per_step": round(kernels, 1), "kernels_after_per_step": round(after_k, 1),
+                "split_reduction_kernels_per_step": round(float(extra.sum()) / n, 1),
+                "fusible_ms_per_step": round(ms(float(kk["dur"].sum())) / n, 3),
+                "gpu_ms_saved_per_step": round(ms(gpu_us), 3),
+                "gpu_path_ms_after": round(ms(gpu_after), 3),
+                "host_us_per_kernel": round(host_per_kernel, 2), "host_ms_after": round(ms(host_after), 3),
+                "step_ms_after_estimated": round(ms(after), 3), "bound_after": "host" if host_bound else "gpu",
+                "sync_idle_ms_per_step": round(ms(sync_idle), 3),
+                "estimated_saving_alone_ms": round(ms(saving), 3),
+                "ops": kk["op_name"].astype(str).value_counts().head(8).to_dict(), "kernels": top_names(kk),
+                "estimate": "Inductor's kernels per run: one per iteration space, plus a pass per output of a "
+                            "split reduction; a fused kernel moves its largest member's bytes at the run's "
+                            "achieved roofline efficiency; the host keeps its cost per launched kernel; the step "
+                            "after is the longer of GPU and host time",
+            },
+        ))
+    return out

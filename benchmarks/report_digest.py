@@ -1,0 +1,90 @@
+"""Digests of what a report shows, per trace or run folder: checks a speed change leaves every output as it was.
+
+For each input: the JSON report, the views the HTML report draws (:meth:`gpuprof.api.Analysis.views_detail`:
+timeline, operators, memory) and the claims frame (:func:`gpuprof.views.claims`), each hashed
+apart, analysed without any cache (``cache=False``). Two versions of gpuprof that give equal
+digests give equal reports.
+
+    python -m benchmarks.report_digest sample_traces/h200 --out before.json
+    (change gpuprof)
+    python -m benchmarks.report_digest sample_traces/h200 --compare before.json
+
+A folder is analysed as one input when it is a run folder (``manifest.json``) or holds rank
+traces (``rank*.json*``) and no subfolder; otherwise each trace file and such folder under it is one input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _h(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def digest(path: Path) -> dict[str, str]:
+    from gpuprof.api import analyze
+    from gpuprof.errors import GpuprofError
+    from gpuprof.views import claims
+
+    try:
+        a = analyze(path, cache=False)
+        out = {"json": _h(a.to_json())}
+        detail = a.views_detail()
+        for k, v in detail.items():
+            out[k] = _h(json.dumps(v, sort_keys=True, default=repr))
+        out["claims"] = _h(claims(a).to_csv())
+    except GpuprofError as e:
+        return {"error": str(e)}
+    return out
+
+
+def inputs(roots: list[str]) -> list[Path]:
+    found: list[Path] = []
+
+    def walk(d: Path) -> None:
+        subdirs = [p for p in sorted(d.iterdir()) if p.is_dir()]
+        if (d / "manifest.json").exists() or (any(d.glob("rank*.json*")) and not subdirs):
+            found.append(d)
+            return
+        for p in sorted(d.iterdir()):
+            if p.is_file() and p.name.endswith((".json", ".json.gz")) and p.name.endswith(".gz"):
+                found.append(p)
+        for p in subdirs:
+            walk(p)
+
+    for r in map(Path, roots):
+        if r.is_file():
+            found.append(r)
+        else:
+            walk(r)
+    return found
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("roots", nargs="+")
+    p.add_argument("--out")
+    p.add_argument("--compare")
+    a = p.parse_args()
+    got: dict[str, Any] = {str(i): digest(i) for i in inputs(a.roots)}
+    if a.out:
+        Path(a.out).write_text(json.dumps(got, indent=1, sort_keys=True))
+    if a.compare:
+        before = json.loads(Path(a.compare).read_text())
+        bad = [k for k in got if got[k] != before.get(k)]
+        for k in bad:
+            diff = sorted(x for x in set(got[k]) | set(before.get(k, {})) if got[k].get(x) != before.get(k, {}).get(x))
+            print(f"{k}: differs in {', '.join(diff)}")
+        print(f"{len(got)} inputs compared, {len(bad)} differ")
+        sys.exit(1 if bad else 0)
+    print(f"{len(got)} inputs digested")
+
+
+if __name__ == "__main__":
+    main()

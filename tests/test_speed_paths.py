@@ -1,0 +1,166 @@
+"""Work done once: the report cache, the views' claims from the first analysis, one pass when a
+run folder's recorded step time is impossible, and the loader's columns (issue 14)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import gpuprof
+from tests.conftest import SAMPLES
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A cached report in a fresh process: prints it and says which heavy modules were imported.
+_CACHED = r"""
+import sys
+from gpuprof.cli import main
+try:
+    main(sys.argv[1:], standalone_mode=False)
+finally:
+    heavy = sorted(m for m in ("pandas", "numpy", "pyarrow", "gpuprof.analyzers", "gpuprof.api") if m in sys.modules)
+    print("IMPORTED:" + ",".join(heavy), file=sys.stderr)
+"""
+
+
+def _report(path: Path, env: dict[str, str], *extra: str) -> tuple[str, list[str]]:
+    r = subprocess.run([sys.executable, "-c", _CACHED, "report", str(path), "--format", "json", *extra],
+                       capture_output=True, text=True, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stderr.splitlines() if ln.startswith("IMPORTED:"))
+    return r.stdout, [m for m in line[len("IMPORTED:"):].split(",") if m]
+
+
+def test_a_second_json_report_is_the_stored_one_and_imports_no_pandas(tmp_path: Path) -> None:
+    import os
+
+    env = {**os.environ, "GPUPROF_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    trace = tmp_path / "t.json.gz"
+    shutil.copy(SAMPLES / "gpt_bf16.json.gz", trace)
+    first, heavy_first = _report(trace, env)
+    assert "pandas" in heavy_first  # (the first one analysed it)
+    again, heavy = _report(trace, env)
+    assert again == first and heavy == []
+    # other options, or other bytes under the same name: analysed, never the stored report
+    other, heavy_other = _report(trace, env, "--step-ms", "9.5")
+    assert other != first and "pandas" in heavy_other
+    assert json.loads(other)["summary"]["unprofiled_step_time_ms"] == 9.5
+    shutil.copy(SAMPLES / "gpt_fp32.json.gz", trace)
+    replaced, _ = _report(trace, env)
+    fresh, _ = _report(SAMPLES / "gpt_fp32.json.gz", {**env, "GPUPROF_CACHE_DIR": str(tmp_path / "other")})
+    doc, want = json.loads(replaced), json.loads(fresh)
+    assert doc["findings"] == want["findings"] and doc["summary"] == want["summary"]
+
+
+def test_a_damaged_stored_report_is_recomputed(tmp_path: Path) -> None:
+    import os
+
+    env = {**os.environ, "GPUPROF_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    trace = tmp_path / "t.json.gz"
+    shutil.copy(SAMPLES / "tiny_eager.json.gz", trace)
+    first, _ = _report(trace, env)
+    for f in (tmp_path / "cache" / "results").glob("*.msgpack"):
+        f.write_bytes(b"\x80garbage")
+    again, heavy = _report(trace, env)
+    assert again == first and "pandas" in heavy
+
+
+def _count(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[int]:
+    calls = [0]
+    real = getattr(module, name)
+
+    def counted(*a: Any, **k: Any) -> Any:
+        calls[0] += 1
+        return real(*a, **k)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("name", ["gpt_host_sync.json.gz", "vision_pinned.json.gz", "ddp_slow_rank"])
+def test_views_claims_come_from_the_first_analysis(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The claims the views draw are those the analysis made (no second run of the analyzers),
+    and equal what running the analyzers again gives."""
+    import gpuprof.analyzers as analyzers
+    from gpuprof import views
+
+    a = gpuprof.analyze(SAMPLES / name, cache=False, keep_traces=True)
+    assert a.findings
+    reruns = _count(monkeypatch, analyzers, "select")
+    kept = views.claims(a)
+    assert reruns[0] == 0 and len(kept)
+    views._KEPT.clear()  # as when the analysis ran elsewhere (workers, results cache)
+    again = views.claims(a)
+    assert reruns[0] >= 1
+    assert kept.equals(again)
+
+
+def test_an_impossible_recorded_step_time_is_dropped_in_one_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                 ) -> None:
+    """SYNTHETIC manifest on a real run (as tests/test_numbers.py): 5.05 ms recorded where the
+    kernels alone take ~10.2 ms per step. The analyzers run once, and the report equals the
+    run folder's without any recorded step time (the notice aside)."""
+    import gpuprof.analyzers as analyzers
+
+    def run_with(step: float | None) -> Path:
+        run = tmp_path / f"run-{step}"
+        shutil.copytree(SAMPLES / "run_vision_workers", run)
+        m = json.loads((run / "manifest.json").read_text())
+        if step is None:
+            m.pop("unprofiled_step_ms", None)
+        else:
+            m["unprofiled_step_ms"] = step
+        (run / "manifest.json").write_text(json.dumps(m))
+        return run
+
+    calls = _count(monkeypatch, analyzers, "rank_contributions")
+    bad = gpuprof.analyze(run_with(5.05), cache=False)
+    assert calls[0] == 1 and any("5.05 ms" in n and "not used" in n for n in bad.notices)
+    none = gpuprof.analyze(run_with(None), cache=False)
+    a, b = bad.to_dict(), none.to_dict()
+    for d in (a, b):
+        d["warnings"] = [w for w in d["warnings"] if "5.05 ms" not in w]
+        d["source"].pop("run_folder")
+        d["source"].pop("paths")
+    assert a == b
+
+
+def test_loader_columns_on_a_chunk_boundary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Columns built a chunk at a time join up exactly, whatever the chunk size: names coded in
+    order of first appearance across chunks, record_function ranges moved to the annotations."""
+    import dataclasses
+
+    from gpuprof.trace import load
+
+    path = SAMPLES / "gpt_bf16.json.gz"
+    whole = load.load_trace(path)
+    monkeypatch.setattr(load, "CHUNK_EVENTS", 997)  # a prime: buckets split unevenly between chunks
+    chunked = load.load_trace(path)
+    assert dataclasses.asdict(whole.meta) == dataclasses.asdict(chunked.meta)
+    for f in ("kernels", "memcpys", "ops", "runtime", "annotations", "steps", "collectives", "python", "memory"):
+        x, y = getattr(whole, f), getattr(chunked, f)
+        assert list(x.columns) == list(y.columns), f
+        for c in x.columns:
+            if hasattr(x[c], "cat"):
+                assert list(x[c].cat.categories) == list(y[c].cat.categories), (f, c)
+        assert x.equals(y), f
+
+
+def test_a_folder_of_rank_traces_is_stored_by_its_listing(tmp_path: Path) -> None:
+    import os
+
+    env = {**os.environ, "GPUPROF_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    ranks = tmp_path / "ranks"
+    shutil.copytree(SAMPLES / "ddp_good", ranks)
+    first, _ = _report(ranks, env)
+    again, heavy = _report(ranks, env)
+    assert again == first and heavy == []
+    (ranks / "rank1.json.gz").unlink()  # another listing: analysed again
+    one, heavy_one = _report(ranks, env)
+    assert "pandas" in heavy_one and len(json.loads(one)["source"]["paths"]) == 1
