@@ -173,19 +173,21 @@ def replayed(one_rank: Analysis, candidates: Sequence[Candidate], contribs: list
     contribs = [distributed.replayed_share(c, part.n_steps) for c in contribs]
     (view,) = views(one_rank)
     p = fixes.plan(view, kept_units(candidates, part.n_steps), part.unprofiled_step_ms)
-    if p is None:
-        return contribs
-    priced = fixes.price(p, part.n_steps)
+    priced = fixes.price(p, part.n_steps, part.unprofiled_step_ms or part.summary.step_time_ms) if p else {}
     out = []
     for c in contribs:
         got = priced.get(c.id)
         if got is None:
             ev = c.evidence
-            if c.category in fixes.NOT_USED_WHY and c.units and "replay_before_ms" not in ev:  # one rank
-                ev = {**ev, "replay_not_used": fixes.NOT_USED_WHY[c.category]}
+            why = fixes.NOT_USED_WHY.get(c.category) or (fixes.NO_GRAPH_WHY if p is None else None)
+            if why and c.units and "replay_before_ms" not in ev:  # a cross-rank replay fills its own
+                ev = {**ev, "replay_not_used": why}
             out.append(replace(c, evidence=ev))
             continue
-        ev = {**c.evidence, **got["evidence"]}
+        ev = dict(c.evidence)
+        if got["evidence"].get("estimate") == "replay" and "estimate" in ev:
+            ev["estimate_inputs"] = ev.pop("estimate")  # how the fix's new times were found
+        ev.update(got["evidence"])
         out.append(replace(c, evidence=ev, kept_us=float(got.get("kept_us", c.kept_us))))
     return out
 

@@ -299,22 +299,15 @@ def launch_overhead(analysis: Analysis) -> list[Candidate]:
                    "`torch.compile`, use fused optimizers, or give each kernel more work (larger batch).")
         units = gap_units(v.rank, g, g["real_dur"])
         # Launch-bound: the host's launch cost per kernel (its runtime calls and the Python and
-        # dispatch between them), not the GPU, sets the step. A graph replay leaves the GPU's own
-        # time: the saving is the real step less the GPU busy time and the idle that other causes
-        # hold, whatever share of that host time the per-event deflation left in the gaps.
+        # dispatch between them), not the GPU, sets the step. The saving is the replay of the
+        # step with that host work gone from the launch gaps (gpuprof.replay.fixes).
         idle_real = max(0.0, v.real_step_us - v.busy_us)
         launch_real = float(g["real_dur"].sum()) / v.n_steps
         bound = share < 0.5 and v.busy_us < 0.5 * v.real_step_us and launch_real >= 0.5 * idle_real
         if bound:
-            others = v.gaps[~v.gaps["cause"].isin(["launch", "other", "graph"]).to_numpy()]
-            target = max(0.0, idle_real - float(others["real_dur"].sum()) / v.n_steps)
-            if v.host_scale_known and launch_real > 0 and target > launch_real:
-                scale = target / launch_real
-                units = gap_units(v.rank, g, np.minimum(g["real_dur"].to_numpy() * scale, g["dur"].to_numpy()))
             ev["host_us_per_kernel"] = round(v.real_step_us / max(ev["kernels_per_step"], 1), 2)
             ev["gpu_busy_ms_per_step"] = round(ms(v.busy_us), 3)
-            ev["estimate"] = ("launch-bound: a CUDA graph replays the step at the GPU's own time, so the saving is "
-                              "the real step less GPU busy time and idle held by other causes")
+            ev["estimate"] = "launch-bound: a CUDA graph replays the step at the GPU's own time"
         decode = _decode_tokens(v)
         if bound and decode is not None:
             title = (f"Decode is bound by the host: the GPU is busy {100 * v.busy_us / v.real_step_us:.0f}% of the "

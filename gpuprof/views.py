@@ -67,7 +67,8 @@ def claims(analysis: Analysis) -> pd.DataFrame:
     rank's trace, :func:`keep_candidates`); where they are not held (ranks analysed in worker
     processes, results read from the results cache) the analyzers are run again on the rank.
     Claims are settled exactly as for the report, so the times here sum to each finding's
-    counted saving on that rank."""
+    counted saving on that rank (a replayed finding's saving spread over its claims in
+    proportion to what each claimed)."""
     from gpuprof.analyzers import distributed, select
     from gpuprof.analyzers._base import Candidate, claimed_units, release_views, views
 
@@ -120,8 +121,19 @@ def claims(analysis: Analysis) -> pd.DataFrame:
             release_views(one)
     if not frames:
         return pd.DataFrame(columns=CLAIM_COLUMNS)
-    return pd.concat(frames, ignore_index=True)[CLAIM_COLUMNS].sort_values(["rank", "ts"], kind="stable",
-                                                                             ignore_index=True)
+    out = pd.concat(frames, ignore_index=True)[CLAIM_COLUMNS]
+    # A replayed finding's saving is its fix replayed, not its claims added up: its claims carry
+    # that saving in proportion to what each claimed (gpuprof.replay.fixes).
+    steps = {p.rank: p.n_steps for p in analysis.parts}
+    for f in analysis.findings:
+        if f.evidence.get("estimate") != "replay":
+            continue
+        for rank in out.loc[out["finding"] == f.id, "rank"].unique():
+            m = ((out["finding"] == f.id) & (out["rank"] == rank)).to_numpy()
+            total = float(out.loc[m, "saved_us"].sum())
+            if total > 0:
+                out.loc[m, "saved_us"] *= f.estimated_savings_ms * 1000.0 * steps[int(rank)] / total
+    return out.sort_values(["rank", "ts"], kind="stable", ignore_index=True)
 
 
 def annotation_data(analysis: Analysis) -> list[dict[str, Any]]:

@@ -39,8 +39,12 @@ def test_launch_bound_ranks_first_near_what_graphs_realise(bad: str, good: str) 
     s = a.summary
     busy_ms = s["step_time_ms"] * s["gpu_busy_pct"] / 100
     assert f.estimated_savings_ms <= step_ms(bad) - busy_ms + 1e-6  # a graph leaves the GPU's own time
+    # once the step replays as a graph, no other fix adds more than 15 % of that saving (each is
+    # priced alone, so a fusion's own launches count for it too; the projection settles overlaps)
     others = [x for x in a.findings[1:] if x.severity != "info"]
-    assert all(x.estimated_savings_ms < 0.15 * f.estimated_savings_ms for x in others), others
+    with_graph = a.what_if([f.id])["step_time_ms"]
+    assert all(with_graph - a.what_if([f.id, x.id])["step_time_ms"] < 0.15 * f.estimated_savings_ms
+               for x in others), others
 
 
 @pytest.mark.parametrize("bad,good", LAUNCH)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from benchmarks import replay_accuracy
-from benchmarks.pairs import step_ms
+from benchmarks.pairs import realised_noise_ms, step_ms
 from gpuprof.ranks import load_trace_cached
 from gpuprof.replay import build, calibrate, deflate, replay, run, what_if
 from gpuprof.replay import transforms as tf
@@ -119,12 +119,17 @@ def test_calibrated_deflation_replays_the_unprofiled_step() -> None:
     g = build(ts)
     c = calibrate(g, step_ms("gpt_bf16"))
     assert c > 0
-    assert run(deflate(g, c)).step_time_ms == pytest.approx(step_ms("gpt_bf16"), rel=0.01)
-    # GPU-bound: the host is hidden; deflating it leaves the replay at the GPU's own time
+    assert run(deflate(g, c)).period_ms == pytest.approx(step_ms("gpt_bf16"), rel=0.01)
+    # the smallest such cost: a little less leaves the replay slower than the measured step
+    assert run(deflate(g, 0.9 * c)).period_ms > step_ms("gpt_bf16") * 1.002
+    # GPU-bound: the step time does not measure the host; it is taken out and the replay is the
+    # GPU's own time
     fp32 = build(_traces(SAMPLES / "gpt_fp32.json.gz"))
     c32 = calibrate(fp32, step_ms("gpt_fp32"))
-    assert c32 < c
-    assert run(deflate(fp32, c32)).step_time_ms == pytest.approx(step_ms("gpt_fp32"), rel=0.01)
+    assert c32 > c
+    out = deflate(fp32, c32)
+    assert float(np.maximum(out.h_gap, 0).sum() + out.h_dur.sum()) == pytest.approx(0.0, abs=1e-6)
+    assert run(out).period_ms == pytest.approx(step_ms("gpt_fp32"), rel=0.01)
 
 
 @pytest.fixture(scope="module")
@@ -139,4 +144,8 @@ def accuracy() -> dict[str, dict[str, object]]:
 def test_replayed_fix_is_near_the_realised_saving(accuracy: dict[str, dict[str, object]], fix: str,
                                                   bound: float) -> None:
     r = accuracy[fix]
-    assert abs(float(r["error_pct"])) <= bound, r  # type: ignore[arg-type]
+    real = float(r["realised_ms"])  # type: ignore[arg-type]
+    # what the realised saving is known to: half the spread of each program's timing windows (the
+    # one-session gpt.py set spreads 12-35 % on host-bound programs)
+    known = realised_noise_ms(str(r["bad"]), str(r["good"]))
+    assert abs(float(r["estimated_ms"]) - real) <= bound / 100 * real + known, r  # type: ignore[arg-type]

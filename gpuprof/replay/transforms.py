@@ -73,6 +73,38 @@ def shrink_host(g: Graph, calls: np.ndarray, factor: float | np.ndarray) -> Grap
     return replace(g, h_gap=gap, h_dur=np.where(calls, g.h_dur * f, g.h_dur))
 
 
+def shrink_tail(g: Graph, calls: np.ndarray, factor: float | np.ndarray) -> Graph:
+    """The selected waiting calls' time after the GPU work they waited for ended, until they
+    returned (``h_tail``: a ``cudaFree``/``hipFree`` releasing memory after its device sync, a
+    blocking call's own host work), × ``factor``."""
+    f = np.asarray(factor, dtype=float)
+    tail = np.where(calls & (g.h_tail > 0), g.h_tail * f, g.h_tail)
+    return replace(g, h_tail=tail)
+
+
+def typical_latency(g: Graph) -> np.ndarray:
+    """Per activity: the median launch latency of its rank (launch call start to the activity's
+    start, over the rank's launched activities), the weight an unobstructed launch gets."""
+    out = np.zeros(g.n_acts)
+    launched = g.a_launch >= 0
+    for r in np.unique(g.a_rank):  # ranks are few
+        m = g.a_rank == r
+        lat = g.a_lat[m & launched]
+        out[m] = float(np.median(lat)) if len(lat) else 0.0
+    return out
+
+
+def shrink_latency(g: Graph, acts: np.ndarray, factor: float | np.ndarray) -> Graph:
+    """The selected activities' launch latency beyond their rank's typical one × ``factor``: the
+    host time a call spent between its start and its work reaching the GPU (a blocking copy that
+    staged or waited on the host for hundreds of ms before its transfer began)."""
+    f = np.broadcast_to(np.asarray(factor, dtype=float), g.a_lat.shape)
+    typ = typical_latency(g)
+    over = acts & (g.a_lat > typ)
+    lat = np.where(over, typ + (g.a_lat - typ) * f, g.a_lat)
+    return replace(g, a_lat=lat)
+
+
 def set_host_cost(g: Graph, calls: np.ndarray, per_call_us: float) -> Graph:
     """The selected calls cost ``per_call_us`` each with no host work between them (a CUDA
     graph: one launch for many kernels)."""
