@@ -170,7 +170,10 @@ def _runs(v: RankView) -> pd.DataFrame:
     t_fuse = np.where(err | ~np.isfinite(t_roof), k["dur"].to_numpy(dtype=float), t_roof)
     fam = k["family"].astype(str)
     by_op = name_mask(k["op_name"], FUSIBLE_OPS) & ~fam.isin(["gemm", "conv", "attention", "layout"]).to_numpy()
-    ok = ((fam.isin(FUSIBLE).to_numpy() | by_op) & ~k["bound"].isin(["compute"]).to_numpy()
+    # issue-bound scalar-path elementwise kernels (roofline's issue_bound: compute-bound on their
+    # index arithmetic) fuse like the rest: Inductor's kernel drops those loads, stores and indexing
+    issue = k["issue_bound"].to_numpy(dtype=bool) if "issue_bound" in k else np.zeros(len(k), dtype=bool)
+    ok = ((fam.isin(FUSIBLE).to_numpy() | by_op) & (~k["bound"].isin(["compute"]).to_numpy() | issue)
           & ~k["is_comm"].fillna(False).to_numpy(dtype=bool) & ~in_graph(k)
           & ~_outside_model(v).reindex(k.index).to_numpy())
     lane = (k["device"].astype(np.int64) * 100_003 + k["stream"] * 101 + k["step"]).to_numpy()
