@@ -14,18 +14,20 @@ from __future__ import annotations
 import json
 
 import gpuprof
-from benchmarks.pairs import H200, depth_pairs, pairs, realised_ms, step_ms, trace_path
+from benchmarks.pairs import H200, depth_pairs, pairs, realised_ms, realised_noise_ms, step_ms, trace_path
 
 
 def evaluate(with_step_ms: bool = True) -> list[dict[str, object]]:
-    rows = []
+    rows: list[dict[str, object]] = []
     for cat, bad, good, comparable in pairs() + [(c, b, g, True) for _, c, b, g in depth_pairs()]:
         a = gpuprof.analyze(trace_path(bad), step_ms=step_ms(bad) if with_step_ms else None)
         b = gpuprof.analyze(trace_path(good), step_ms=step_ms(good) if with_step_ms else None)
         cats = [f.category for f in a.findings]
         mine = next((f for f in a.findings if f.category == cat), None)
         good_f = next((f for f in b.findings if f.category == cat), None)
-        realised = step_ms(bad) - step_ms(good)
+        same = session(bad) == session(good)  # host-bound savings compare only within one session
+        realised = realised_ms(bad, good)
+        ok = comparable and same
         est = alone_ms(mine)
         rows.append({
             "category": cat, "bad": bad, "good": good, "rank_in_bad": cats.index(cat) + 1 if cat in cats else None,
@@ -33,9 +35,11 @@ def evaluate(with_step_ms: bool = True) -> list[dict[str, object]]:
             "estimated_ms": est,
             "estimated_pct": (mine.estimated_savings_pct * est / mine.estimated_savings_ms
                               if mine and mine.estimated_savings_ms else 0.0),
-            "realised_ms": realised if comparable else None,
-            "realised_pct": 100 * realised / step_ms(bad) if comparable else None,
-            "error_pct": 100 * (est - realised) / realised if comparable and realised > 0 else None,
+            "realised_ms": realised if ok else None,
+            "realised_pct": 100 * realised / step_ms(bad) if ok else None,
+            "why": None if comparable is False or same else "other sessions",
+            "noise_ms": realised_noise_ms(bad, good),
+            "error_pct": 100 * (est - realised) / realised if ok and realised > 0 else None,
             "good_pct": good_f.estimated_savings_pct if good_f else 0.0,
             "bad_step_ms": step_ms(bad), "good_step_ms": step_ms(good),
         })
@@ -61,7 +65,7 @@ def alone_ms(f: gpuprof.Finding | None) -> float:
 def evaluate_depth(expect: tuple[str, ...] | None = None) -> list[dict[str, object]]:
     """The same comparison on sample_traces/h200/depth_pairs.json (issue #12's classes), with the
     realised saving per the bad step's work (decode pairs: per token, see ``realised_ms``)."""
-    rows = []
+    rows: list[dict[str, object]] = []
     for klass, cat, bad, good in depth_pairs(expect):
         a = gpuprof.analyze(trace_path(bad), step_ms=step_ms(bad))
         b = gpuprof.analyze(trace_path(good), step_ms=step_ms(good))
@@ -105,8 +109,11 @@ def main() -> None:
         within = [r for r in rows if r["error_pct"] is not None]
         ok = sum(abs(float(r["error_pct"])) <= 35 for r in within)  # type: ignore[arg-type]
         ok20 = sum(abs(float(r["error_pct"])) <= 20 for r in within)  # type: ignore[arg-type]
+        noisy = sum(abs(float(r["error_pct"])) <= 20  # type: ignore[arg-type]
+                    or abs(float(r["estimated_ms"]) - float(r["realised_ms"])) <= float(r["noise_ms"])  # type: ignore[arg-type]
+                    for r in within)
         parts.append(f"### {title}\n\n{markdown(rows)}\n\nWithin ±35 %: {ok} of {len(within)} pairs; "
-                     f"within ±20 %: {ok20}.\n")
+                     f"within ±20 %: {ok20}; within ±20 % or the pair's own timing noise: {noisy}.\n")
     rows = evaluate_depth()
     within = [r for r in rows if r["error_pct"] is not None]
     ok = sum(abs(float(r["error_pct"])) <= 20 for r in within)  # type: ignore[arg-type]
