@@ -121,13 +121,15 @@ def test_bert_small_twins_get_one_diagnosis() -> None:
 
 
 def test_qwen_twins_stay_consistent() -> None:
-    """HF Qwen1.5-0.5B inference (TraceLens), GPU busy ~90 % of the step on both: elementwise
-    fusion first on both, the sync a small host_sync finding on both."""
+    """HF Qwen1.5-0.5B inference (TraceLens), GPU busy ~90 % of the step on both: the same top
+    finding on both, a fusion of its memory-bound kernels (torch.compile's or a hand fusion, both
+    GPU-side), and the sync a small host_sync finding on both."""
     out = {}
     for gpu in ("h100", "mi300"):
         a = gpuprof.analyze(public(f"tracelens/{gpu}__Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"))
         out[gpu] = (a.findings[0].category, 0 < pct(a, "host_sync") < 5)
-    assert out == {"h100": ("elementwise_fusion", True), "mi300": ("elementwise_fusion", True)}
+    assert out["h100"] == out["mi300"], out
+    assert out["h100"][0] in ("elementwise_fusion", "compile") and out["h100"][1], out
 
 
 # --- the sync rule on synthetic traces -----------------------------------------------------------
