@@ -8,7 +8,6 @@ absent) and the H200 samples in sample_traces/h200. Synthetic traces are built i
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -148,15 +147,13 @@ def test_covered_and_outermost_are_exact() -> None:
     assert outermost_aten(ops, np.array([1, 3, 0])).tolist() == [0, 3, 0]
 
 
-def test_host_sync_is_vectorised() -> None:
-    """The host-sync analyzer on the sync-heavy sample runs in well under the old 28,000 scalar
-    lookups' time and names the syncing op."""
+def test_host_sync_names_the_syncing_op() -> None:
+    """The host-sync analyzer on the sync-heavy sample names the syncing op. Its speed (it was
+    28,000 scalar lookups) is measured per analyzer by benchmarks/stages.py, not by a timed test."""
     a = gpuprof.analyze(SAMPLES / "gpt_host_sync.json.gz", analyzers=[])
     from gpuprof.analyzers import host_gaps
     views(a)
-    t0 = time.perf_counter()
     c = host_gaps.host_sync(a)
-    assert time.perf_counter() - t0 < 0.5
     assert next(iter(c[0].evidence["syncing_ops"])) == "aten::item"
 
 

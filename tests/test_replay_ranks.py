@@ -5,7 +5,6 @@ where used); the analysis carries the cross-rank fixes' replay and what_if works
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -179,20 +178,18 @@ def test_what_if_on_several_ranks(slow_rank: gpuprof.Analysis) -> None:
     assert 0 < w["before_ms"] - w["step_time_ms"] < 0.1 * w["before_ms"]
 
 
-def test_eight_ranks_of_100k_kernels_replay_in_seconds() -> None:
+def test_eight_ranks_of_100k_kernels_replay_to_their_steps() -> None:
     """A real 2-rank trace (ddp_good) tiled in time to ~100k kernels a rank and copied to 8 ranks
-    (each copy keeps its collectives, so they match across the 8): the joint replay's speed, and
-    each rank still replays to its traced steps (the tiling's first step of each copy aside: its
-    window, cut by the trace model from the whole trace, is not one the copy's own steps give)."""
+    (each copy keeps its collectives, so they match across the 8): each rank still replays to its
+    traced steps (the tiling's first step of each copy aside: its window, cut by the trace model
+    from the whole trace, is not one the copy's own steps give). Its speed is measured by
+    benchmarks/replay_ranks_speed.py, not here (1.1 s CPU on the 2-core machine, docs/replay.md)."""
     from benchmarks.replay_ranks_speed import eight_ranks
 
     g, ts = eight_ranks()
     assert len(g.ranks) == 8 and int((g.a_kind == 0).sum()) >= 8 * 100_000
     assert (g.a_coll >= 0).sum() > 8 * 1000
-    c0 = time.process_time()
     r = run(g)
-    took = time.process_time() - c0
-    assert took < 10.0, took  # CPU time, 1.1 s on the 2-core machine (docs/replay.md); loose for a loaded one
     for i, steps in enumerate(r.steps_ms):
         traced = ts[i % 2].steps["time"].to_numpy() / 1000.0
         assert np.median(np.abs(np.array(steps) / traced - 1)) < 0.03
