@@ -17,33 +17,38 @@ import gpuprof
 from benchmarks.pairs import H200, depth_pairs, pairs, realised_ms, realised_noise_ms, step_ms, trace_path
 
 
+def row(cat: str, bad: str, good: str, with_step_ms: bool = True, comparable: bool = True) -> dict[str, object]:
+    """One pair: the bad trace's finding of ``cat`` against the realised saving (per the bad step's
+    work: decode pairs per token, see ``realised_ms``), compared only within one device session."""
+    a = gpuprof.analyze(trace_path(bad), step_ms=step_ms(bad) if with_step_ms else None)
+    b = gpuprof.analyze(trace_path(good), step_ms=step_ms(good) if with_step_ms else None)
+    cats = [f.category for f in a.findings]
+    mine = next((f for f in a.findings if f.category == cat), None)
+    good_f = next((f for f in b.findings if f.category == cat), None)
+    same = session(bad) == session(good)  # host-bound savings compare only within one session
+    realised = realised_ms(bad, good)
+    ok = comparable and same
+    est = alone_ms(mine)
+    return {
+        "category": cat, "bad": bad, "good": good, "rank_in_bad": cats.index(cat) + 1 if cat in cats else None,
+        "bad_top1": cats[0] if cats else None,
+        "estimated_ms": est,
+        "estimated_pct": (mine.estimated_savings_pct * est / mine.estimated_savings_ms
+                          if mine and mine.estimated_savings_ms else 0.0),
+        "realised_ms": realised if ok else None,
+        "realised_pct": 100 * realised / step_ms(bad) if ok else None,
+        "why": None if not comparable or same else "other sessions",
+        "noise_ms": realised_noise_ms(bad, good),
+        "error_pct": 100 * (est - realised) / realised if ok and realised > 0 else None,
+        "good_pct": good_f.estimated_savings_pct if good_f else 0.0,
+        "bad_step_ms": step_ms(bad), "good_step_ms": step_ms(good),
+    }
+
+
 def evaluate(with_step_ms: bool = True) -> list[dict[str, object]]:
-    rows: list[dict[str, object]] = []
-    for cat, bad, good, comparable in pairs() + [(c, b, g, True) for _, c, b, g in depth_pairs()]:
-        a = gpuprof.analyze(trace_path(bad), step_ms=step_ms(bad) if with_step_ms else None)
-        b = gpuprof.analyze(trace_path(good), step_ms=step_ms(good) if with_step_ms else None)
-        cats = [f.category for f in a.findings]
-        mine = next((f for f in a.findings if f.category == cat), None)
-        good_f = next((f for f in b.findings if f.category == cat), None)
-        same = session(bad) == session(good)  # host-bound savings compare only within one session
-        realised = realised_ms(bad, good)
-        ok = comparable and same
-        est = alone_ms(mine)
-        rows.append({
-            "category": cat, "bad": bad, "good": good, "rank_in_bad": cats.index(cat) + 1 if cat in cats else None,
-            "bad_top1": cats[0] if cats else None,
-            "estimated_ms": est,
-            "estimated_pct": (mine.estimated_savings_pct * est / mine.estimated_savings_ms
-                              if mine and mine.estimated_savings_ms else 0.0),
-            "realised_ms": realised if ok else None,
-            "realised_pct": 100 * realised / step_ms(bad) if ok else None,
-            "why": None if comparable is False or same else "other sessions",
-            "noise_ms": realised_noise_ms(bad, good),
-            "error_pct": 100 * (est - realised) / realised if ok and realised > 0 else None,
-            "good_pct": good_f.estimated_savings_pct if good_f else 0.0,
-            "bad_step_ms": step_ms(bad), "good_step_ms": step_ms(good),
-        })
-    return rows
+    """Every pair of pairs.json and depth_pairs.json."""
+    return [row(cat, bad, good, with_step_ms, comparable)
+            for cat, bad, good, comparable in pairs() + [(c, b, g, True) for _, c, b, g in depth_pairs()]]
 
 
 def session(name: str) -> object:
@@ -63,29 +68,8 @@ def alone_ms(f: gpuprof.Finding | None) -> float:
 
 
 def evaluate_depth(expect: tuple[str, ...] | None = None) -> list[dict[str, object]]:
-    """The same comparison on sample_traces/h200/depth_pairs.json (issue #12's classes), with the
-    realised saving per the bad step's work (decode pairs: per token, see ``realised_ms``)."""
-    rows: list[dict[str, object]] = []
-    for klass, cat, bad, good in depth_pairs(expect):
-        a = gpuprof.analyze(trace_path(bad), step_ms=step_ms(bad))
-        b = gpuprof.analyze(trace_path(good), step_ms=step_ms(good))
-        cats = [f.category for f in a.findings]
-        mine = next((f for f in a.findings if f.category == cat), None)
-        good_f = next((f for f in b.findings if f.category == cat), None)
-        same = session(bad) == session(good)
-        realised = realised_ms(bad, good)
-        est = alone_ms(mine)
-        rows.append({
-            "category": cat, "bad": bad, "good": good, "rank_in_bad": cats.index(cat) + 1 if cat in cats else None,
-            "bad_top1": cats[0] if cats else None, "class": klass,
-            "estimated_ms": est, "estimated_pct": 100 * est / step_ms(bad),
-            "realised_ms": realised if same else None, "realised_pct": 100 * realised / step_ms(bad),
-            "why": None if same else "other sessions",
-            "error_pct": 100 * (est - realised) / realised if same and realised > 0 else None,
-            "good_pct": good_f.estimated_savings_pct if good_f else 0.0,
-            "bad_step_ms": step_ms(bad), "good_step_ms": step_ms(good),
-        })
-    return rows
+    """The same comparison on sample_traces/h200/depth_pairs.json (issue #12's classes)."""
+    return [{**row(cat, bad, good), "class": klass} for klass, cat, bad, good in depth_pairs(expect)]
 
 
 def markdown(rows: list[dict[str, object]]) -> str:
