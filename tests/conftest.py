@@ -22,6 +22,21 @@ os.environ["GPUPROF_CACHE_DIR"] = tempfile.mkdtemp(prefix="gpuprof-test-cache-")
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_traces" / "h200"
 
+_SAMPLE_ANALYSES: dict[tuple[str, bool], Any] = {}
+
+
+def sample_analysis(name: str, with_step: bool = True) -> Any:
+    """A shipped sample's analysis (a pair member of benchmarks.pairs), with its unprofiled step
+    time unless ``with_step`` is False; made once per test session, as several test files read
+    the same samples."""
+    key = (name, with_step)
+    if key not in _SAMPLE_ANALYSES:
+        import gpuprof
+        from benchmarks.pairs import step_ms, trace_path
+
+        _SAMPLE_ANALYSES[key] = gpuprof.analyze(trace_path(name), step_ms=step_ms(name) if with_step else None)
+    return _SAMPLE_ANALYSES[key]
+
 H200_PROPS = {"id": 0, "name": "NVIDIA H200", "totalGlobalMem": 150109880320, "computeMajor": 9,
               "computeMinor": 0, "numSms": 132, "maxThreadsPerMultiprocessor": 2048}
 

@@ -13,9 +13,10 @@ from gpuprof.analyzers import REGISTRY, run_analyzers
 from gpuprof.analyzers._base import Candidate, finalize
 
 import gpuprof
-from benchmarks.pairs import pairs, realised_noise_ms, step_ms, trace_path
+from benchmarks.pairs import pairs, realised_noise_ms, step_ms
 from gpuprof.findings import CATEGORIES, Finding
 from tests.conftest import SAMPLES, TraceBuilder
+from tests.conftest import sample_analysis as analysis
 
 PAIRS = [(c, b, g) for c, b, g, _ in pairs()]
 #: Known misses, each explained in docs/accuracy.md ("Where the estimates miss"); strict, so a fix
@@ -27,16 +28,6 @@ KNOWN_MISS = {("shape_alignment", "gpt_vocab50257"): HOST_FLOOR}
 MEASURED = [pytest.param(c, b, g, id=c, marks=[pytest.mark.xfail(reason=KNOWN_MISS[(c, b)], strict=True)]
                          if (c, b) in KNOWN_MISS else [])
             for c, b, g, measured in pairs() if measured]
-
-
-_cache: dict[tuple[str, bool], gpuprof.Analysis] = {}
-
-
-def analysis(name: str, with_step: bool = True) -> gpuprof.Analysis:
-    key = (name, with_step)
-    if key not in _cache:
-        _cache[key] = gpuprof.analyze(trace_path(name), step_ms=step_ms(name) if with_step else None)
-    return _cache[key]
 
 
 @pytest.mark.parametrize("category,bad,good", PAIRS, ids=[p[0] for p in PAIRS])

@@ -18,19 +18,9 @@ from benchmarks.pairs import H200, depth_pairs, realised_noise_ms, step_ms, trac
 from gpuprof.analyzers import compile_fusion
 from gpuprof.analyzers._base import release_views, views
 from tests.conftest import TraceBuilder
+from tests.conftest import sample_analysis as analysis
 
 PAIRS = [(bad, good) for _, _, bad, good in depth_pairs(("compile",))]
-_cache: dict[str, gpuprof.Analysis] = {}
-
-
-def analysis(name: str) -> gpuprof.Analysis:
-    if name not in _cache:
-        if not trace_path(name).exists():
-            pytest.skip(f"{trace_path(name)} is absent")
-        _cache[name] = gpuprof.analyze(trace_path(name), step_ms=step_ms(name))
-    return _cache[name]
-
-
 def compile_finding(name: str) -> gpuprof.Finding | None:
     return next((f for f in analysis(name).findings if f.category == "compile"), None)
 

@@ -10,20 +10,10 @@ from __future__ import annotations
 import pytest
 
 import gpuprof
-from benchmarks.pairs import realised_ms, step_ms, trace_path
+from benchmarks.pairs import realised_ms, step_ms
+from tests.conftest import sample_analysis as analysis
 
 LAUNCH = [("mlp_eager", "mlp_graph"), ("tiny_eager", "tiny_graph"), ("llama_generate_b1", "llama_generate_b1_static")]
-
-_cache: dict[str, gpuprof.Analysis] = {}
-
-
-def analysis(name: str) -> gpuprof.Analysis:
-    if name not in _cache:
-        if not trace_path(name).exists():
-            pytest.skip(f"{trace_path(name)} is absent")
-        _cache[name] = gpuprof.analyze(trace_path(name), step_ms=step_ms(name))
-    return _cache[name]
-
 
 def launch(a: gpuprof.Analysis) -> gpuprof.Finding:
     return next(f for f in a.findings if f.category == "launch_overhead")

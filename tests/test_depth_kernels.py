@@ -19,15 +19,7 @@ from gpuprof.roofline import classify
 from gpuprof.specs import BUILTIN, load_spec_file
 from gpuprof.trace.load import load_trace
 from tests.conftest import ROOT
-
-_cache: dict[str, gpuprof.Analysis] = {}
-
-
-def analysis(name: str) -> gpuprof.Analysis:
-    if name not in _cache:
-        _cache[name] = gpuprof.analyze(trace_path(name), step_ms=step_ms(name))
-    return _cache[name]
-
+from tests.conftest import sample_analysis as analysis
 
 def finding(name: str, category: str) -> gpuprof.Finding | None:
     return next((f for f in analysis(name).findings if f.category == category), None)
