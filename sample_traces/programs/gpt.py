@@ -12,8 +12,10 @@ Defect switches (the default is the well-tuned program):
   --elementwise naive     hand-written LayerNorm and tanh-GELU instead of fused modules
   --optim forloop         AdamW(foreach=False, fused=False) instead of AdamW(fused=True)
   --host-sync             a per-parameter ``.item()`` grad-norm log each step
+  --grad-norm-on-gpu      the same grad-norm log kept on the GPU, read once every 10 steps (host_sync's fix)
   --size tiny             a model so small the host cannot launch kernels fast enough
-  --cuda-graph            the whole training step captured once and replayed (the fix)
+  --cuda-graph            the whole training step captured once and replayed (the fix); with
+                          --mode decode: a static KV cache and one graph replay per generated token
   --mode decode           KV-cache token-by-token generation instead of training
   --d-model/--heads/--ffn override the model's sizes (e.g. 1020/4/4084: every GEMM misaligned)
   --python-work inline    pure-Python tokenisation on the main thread between steps (vs workers)
@@ -79,11 +81,18 @@ class Block(nn.Module):
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
 
-    def attention(self, x: torch.Tensor, pos: int | None) -> torch.Tensor:
+    def attention(self, x: torch.Tensor, pos: int | torch.Tensor | None) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = self.qkv(x).split(d, dim=2)
         q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
         causal = True
+        if isinstance(pos, torch.Tensor):  # static decode (CUDA graphs): fixed shapes, position on the GPU
+            assert self.k_cache is not None and self.v_cache is not None and t == 1
+            self.k_cache.index_copy_(2, pos.view(1), k)
+            self.v_cache.index_copy_(2, pos.view(1), v)
+            seen = torch.arange(self.k_cache.size(2), device=x.device) <= pos
+            y = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=seen.view(1, 1, 1, -1))
+            return self.proj(y.transpose(1, 2).reshape(b, t, d))
         if pos is not None:  # decode: append to the KV cache, attend over everything so far
             assert self.k_cache is not None and self.v_cache is not None
             self.k_cache[:, :, pos : pos + t] = k
@@ -102,7 +111,7 @@ class Block(nn.Module):
             )
         return self.proj(y.transpose(1, 2).reshape(b, t, d))
 
-    def forward(self, x: torch.Tensor, pos: int | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, pos: int | torch.Tensor | None = None) -> torch.Tensor:
         x = x + self.attention(self.ln1(x), pos)
         h = self.fc(self.ln2(x))
         h = naive_gelu(h) if self.elementwise == "naive" else F.gelu(h, approximate="tanh")
@@ -120,10 +129,13 @@ class GPT(nn.Module):
         self.head = nn.Linear(d, vocab, bias=False)
         self.head.weight = self.tok.weight  # weight tying, as in GPT-2
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, pos: int | None = None):
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, pos: int | torch.Tensor | None = None):
         t = idx.size(1)
-        start = 0 if pos is None else pos
-        x = self.tok(idx) + self.pos(torch.arange(start, start + t, device=idx.device))
+        if isinstance(pos, torch.Tensor):
+            x = self.tok(idx) + self.pos(pos.view(1, 1))
+        else:
+            start = 0 if pos is None else pos
+            x = self.tok(idx) + self.pos(torch.arange(start, start + t, device=idx.device))
         for blk in self.blocks:
             x = blk(x, pos)
         logits = self.head(self.ln_f(x))
@@ -169,6 +181,8 @@ def main() -> None:
     p.add_argument("--elementwise", choices=["fused", "naive"], default="fused")
     p.add_argument("--optim", choices=["fused", "forloop"], default="fused")
     p.add_argument("--host-sync", action="store_true")
+    p.add_argument("--grad-norm-on-gpu", action="store_true",
+                   help="--host-sync's grad-norm log kept on the GPU, read every 10 steps")
     p.add_argument("--cuda-graph", action="store_true")
     p.add_argument("--mode", choices=["train", "decode"], default="train")
     p.add_argument("--ddp", action="store_true")
@@ -238,6 +252,8 @@ def main() -> None:
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=False, fused=False)
 
+    gpu_norms: list[torch.Tensor] = []
+
     def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with torch.autocast(device_type=dev.type, dtype=autocast_dtype, enabled=use_bf16, cache_enabled=not a.cuda_graph):
             loss = ddp_model(x, y)
@@ -252,6 +268,11 @@ def main() -> None:
         if a.host_sync:
             norms = [prm.grad.norm().item() for prm in model.parameters() if prm.grad is not None]
             _ = max(norms)
+        if a.grad_norm_on_gpu:  # the same per-parameter norms, kept as tensors; one read every 10 steps
+            gpu_norms.append(torch.stack([prm.grad.norm() for prm in model.parameters() if prm.grad is not None]).max())
+            if len(gpu_norms) == 10:
+                _ = torch.stack(gpu_norms).max().item()
+                gpu_norms.clear()
         opt.step()
         opt.zero_grad(set_to_none=not a.cuda_graph)
         if a.empty_cache:
@@ -376,7 +397,12 @@ def run_decode(a, model: GPT, dev: torch.device, vocab: int, seq: int, batch: in
     prompt_len = 32
     prompt = torch.randint(0, vocab, (batch, prompt_len), device=dev)
 
-    def generate(n: int, prof: torch.profiler.profile | None = None) -> float:
+    if a.cuda_graph:
+        generate = graph_decoder(model, prompt, prompt_len, seq, dev)
+    else:
+        generate = None
+
+    def eager_generate(n: int, prof: torch.profiler.profile | None = None) -> float:
         with torch.no_grad():
             logits = model(prompt, pos=0)
             tok = logits[:, -1:].argmax(-1)
@@ -390,14 +416,61 @@ def run_decode(a, model: GPT, dev: torch.device, vocab: int, seq: int, batch: in
             sync(a.device)
             return (time.perf_counter() - t0) * 1000.0 / n
 
+    generate = generate or eager_generate
     generate(8)
-    step_ms = generate(a.timed_steps * 5)
-    write_timing(a, 0, 1, step_ms, batch, 1)
+    runs = [generate(a.timed_steps * 5) for _ in range(a.timing_windows)]
+    step_ms = sum(runs) / len(runs)
+    write_timing(a, 0, 1, step_ms, batch, 1, runs)
     if a.no_profile:
         return
     prof = make_profiler(a.out, wait=1, warmup=2, active=a.active, device=a.device)
     with prof:
         generate(3 + a.active, prof)
+
+
+def graph_decoder(model: GPT, prompt: torch.Tensor, prompt_len: int, seq: int, dev: torch.device):
+    """The decode loop with the host taken out: the prompt fills the static KV cache eagerly, then
+    one token's forward, argmax and position update are captured in a CUDA graph, and each
+    generated token is one ``graph.replay()``."""
+    tok = torch.zeros((prompt.size(0), 1), dtype=torch.long, device=dev)
+    pos = torch.zeros((), dtype=torch.long, device=dev)
+
+    def one_token() -> None:
+        logits = model(tok, pos=pos)
+        tok.copy_(logits[:, -1:].argmax(-1))
+        pos.add_(1)
+
+    def prefill() -> None:
+        with torch.no_grad():
+            logits = model(prompt, pos=0)
+            tok.copy_(logits[:, -1:].argmax(-1))
+            pos.fill_(prompt_len)
+
+    with torch.no_grad():
+        prefill()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                one_token()
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            one_token()
+
+    def generate(n: int, prof: torch.profiler.profile | None = None) -> float:
+        assert prompt_len + n <= seq, "the static KV cache holds seq positions"
+        prefill()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            graph.replay()
+            if prof is not None:
+                prof.step()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) * 1000.0 / n
+
+    return generate
 
 
 def write_timing(a, rank: int, world: int, step_ms: float, batch: int, seq: int,

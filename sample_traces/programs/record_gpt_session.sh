@@ -6,6 +6,8 @@
 # Also the two-defect set of issue #13 (gpt_sync_forloop and its three twins).
 #
 #   bash sample_traces/programs/record_gpt_session.sh OUTDIR
+#   SET=two_defects bash ... OUTDIR   # the two-defect set with the fix host_sync recommends (below)
+#   SET=decode bash ... OUTDIR        # host-bound batch-1 decode and its CUDA-graph twin
 #
 # Pass 1: each program profiled, after two unprofiled timed windows in the same process
 # (NAME.timing.json). Pass 2: the same programs again in reverse order, unprofiled only
@@ -24,6 +26,20 @@ export PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 
 G="--timing-windows 2"
 # name | environment | gpt.py arguments
+case ${SET:-all} in
+two_defects)  # issue #13: host syncs + a per-parameter optimizer, each fixed the way gpuprof says
+  PROGRAMS=(
+    "two_sync_forloop||--host-sync --optim forloop"
+    "two_gpunorm_forloop||--grad-norm-on-gpu --optim forloop"
+    "two_sync_fused||--host-sync"
+    "two_gpunorm_fused||--grad-norm-on-gpu"
+  ) ;;
+decode)  # issue #12 class 7: a small GPT generating at batch 1, eager vs one CUDA graph per token
+  PROGRAMS=(
+    "gpt_decode_b1||--mode decode --batch 1"
+    "gpt_decode_b1_graph||--mode decode --batch 1 --cuda-graph"
+  ) ;;
+all)
 PROGRAMS=(
   "gpt_bf16||"
   "gpt_fp32||--precision fp32"
@@ -37,7 +53,9 @@ PROGRAMS=(
   "gpt_empty_cache||--empty-cache"
   "gpt_no_caching_allocator|PYTORCH_NO_CUDA_MEMORY_CACHING=1|"
   "gpt_checkpoint_every3||--checkpoint-every 3 --timed-steps 21"
-)
+) ;;
+*) echo "unknown SET=$SET" >&2; exit 2 ;;
+esac
 
 run() {  # run PASS ENTRY
   local pass=$1 name env args t0=$SECONDS
