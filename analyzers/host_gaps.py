@@ -244,7 +244,7 @@ def host_sync(analysis: Analysis) -> list[Candidate]:
             top = f"{top} at {next(iter(ev['call_sites']))}"
         out.append(Candidate(
             id="GP-SYNC-001", category="host_sync",
-            title=f"{len(rt) / v.n_steps:.0f} host syncs per step ({top}) drain the GPU queue",
+            title=f"{_per_step(len(rt), v.n_steps)} ({top}) drain{'s' if len(rt) == 1 else ''} the GPU queue",
             confidence=v.host_confidence("high"),
             recommendation=f"Remove the per-step synchronisation ({top}): keep values on the GPU (accumulate "
                            "metrics as tensors and call `.item()` once every N steps), avoid data-dependent "
@@ -253,6 +253,14 @@ def host_sync(analysis: Analysis) -> list[Candidate]:
                            + ("" if ev["call_sites"] else " With `with_stack=True` the trace names the call site."),
             units=gap_units(v.rank, g, g["real_dur"]), evidence=ev))
     return out
+
+
+def _per_step(n: int, steps: int) -> str:
+    """'76 host syncs per step', or '1 host sync in 3 steps' where a sync is rarer than one per step
+    (a value read every N steps: '0 per step' would contradict the finding)."""
+    if n >= steps:
+        return f"{n / steps:.0f} host syncs per step"
+    return f"{n} host sync{'s' if n > 1 else ''} in {steps} steps"
 
 
 def launch_overhead(analysis: Analysis) -> list[Candidate]:
