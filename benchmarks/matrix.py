@@ -136,9 +136,10 @@ def median(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {**ok[len(ok) // 2], "all_seconds": [round(r["seconds"], 2) for r in ok]}
 
 
-def row(shape: str, mb: float, where: Path, hta_python: str | None, repeat: int) -> dict[str, Any]:
+def row(shape: str, mb: float, where: Path, hta_python: str | None, repeat: int,
+        earlier: dict[tuple[str, float, int], dict[str, Any]] | None = None) -> dict[str, Any]:
     """One shape at one size: the trace made, both tools timed, the trace deleted (``hta_python``
-    None: gpuprof alone)."""
+    None: gpuprof alone, unless ``earlier`` holds HTA's measurement of the same trace)."""
     target, folder, events = make(shape, mb, where)
     size = sum(f.stat().st_size for f in folder.iterdir()) / 1e6
     cache = where / f"cache-{shape}-{mb:g}"
@@ -155,6 +156,8 @@ def row(shape: str, mb: float, where: Path, hta_python: str | None, repeat: int)
         cached.append(timed(cli, env))
         if hta_python and i == repeat // 2:
             hta = timed([hta_python, "-c", HTA, str(folder)])
+    if hta_python is None and earlier and (shape, mb, events) in earlier:
+        hta = earlier[(shape, mb, events)]  # the same generated trace (same shape, size and events)
     stages = stage_times(folder / "rank0.json")
     shutil.rmtree(cache, ignore_errors=True)
     out = {"shape": shape, "label": SHAPES[shape][0], "mb": round(size, 1), "events": events,
@@ -214,7 +217,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {r['label']} | {r['mb']:.0f} | {r['events']:,} | {t(cold)}, {s(cold, 'peak_rss_mb', '{:.0f} MB')} | "
             f"{t(r['parse_cache'])} | {t(r['results_cache'])}{mark(v['cached'])} | "
-            f"{(t(hta) + ', ' + s(hta, 'peak_rss_mb', '{:.0f} MB')) if 'seconds' in hta else 'not run'} | {vs} | {ld} | "
+            f"{(t(hta) + ', ' + s(hta, 'peak_rss_mb', '{:.0f} MB') + (' (earlier run)' if 'from' in hta else '')) if 'seconds' in hta else 'not run'} | {vs} | {ld} | "
             f"{r['load_avg_1m'][0]}–{r['load_avg_1m'][1]} |")
     return "\n".join(lines)
 
@@ -227,6 +230,9 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3, help="gpuprof runs per row (median kept); HTA runs once")
     p.add_argument("--hta-only", action="append", default=[], metavar="MB=SHAPE[+SHAPE...]",
                    help="at this size run HTA on these shapes only (HTA at 400 MB takes minutes per trace here)")
+    p.add_argument("--hta-from", help="a --json file of an earlier run: reuse its HTA measurements of the same "
+                   "traces (same shape, size and event count; HTA's code does not change between runs) "
+                   "instead of running HTA again")
     p.add_argument("--json", help="also write every measurement here")
     p.add_argument("--tmp", help="folder for the generated traces (default: a temporary one)")
     p.add_argument("--from", dest="from_json", help="print the table of a --json file written before; run nothing")
@@ -239,11 +245,17 @@ def main() -> None:
     print(f"# {time.strftime('%Y-%m-%d %H:%M')} on {os.cpu_count()} CPUs, "
           f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB", file=sys.stderr)
     hta_only = {float(k): v.split("+") for k, v in (x.split("=", 1) for x in a.hta_only)}
+    earlier = None
+    if a.hta_from:
+        earlier = {(r["shape"], float(m), r["events"]): {**r["hta"], "from": f"{a.hta_from} ({r.get('when', '?')})"}
+                   for r in json.loads(Path(a.hta_from).read_text()) if "cpu_seconds" in r["hta"]
+                   for m in [r["requested_mb"]] if "requested_mb" in r}
     with tempfile.TemporaryDirectory(dir=a.tmp) as d:
         for mb in [float(x) for x in a.sizes.split(",")]:
             for shape in a.shapes.split(","):
                 hta = a.hta_python if mb not in hta_only or shape in hta_only[mb] else None
-                r = row(shape, mb, Path(d), hta, a.repeat)
+                r = row(shape, mb, Path(d), hta, a.repeat, earlier)
+                r["requested_mb"], r["when"] = mb, time.strftime("%Y-%m-%d %H:%M")
                 rows.append(r)
                 if a.json:  # after every row: a run cut short keeps what it measured
                     Path(a.json).write_text(json.dumps(rows, indent=1))
