@@ -210,7 +210,42 @@ def _ranges(keys: np.ndarray, bounds: np.ndarray, t0: float, t1: float) -> list[
 
 
 def simulate(g: Graph, window: int = WINDOW) -> Times:
-    """Longest-path times of every node of ``g`` (see the module docstring).
+    """Longest-path times of every node of ``g`` (see the module docstring): in dependency order
+    (:func:`_in_order`) where no collective couples the ranks, else by windowed passes
+    (:func:`_by_passes`)."""
+    if not (g.a_coll >= 0).any():
+        t = _as_traced(g)
+        if t is not None:
+            return t
+        t = _in_order(g)
+        if t is not None:
+            return t
+    return _by_passes(g, window)
+
+
+def _as_traced(g: Graph, max_passes: int = 4) -> Times | None:
+    """The solution when whole-graph passes from the traced times move nothing by more than
+    rounding (the unchanged graph, or a change that moves nothing), else ``None``: a pass is a few
+    scans, far cheaper than solving the graph in order (a round per sync). Passed over until not
+    a bit changes, the floats are those :func:`_in_order` computes (the one fixed point of the
+    whole-chain scans)."""
+    st = _State(g)
+    hb, ab = _segments(g.h_first), _segments(g.a_first)
+    full_h = [(int(lo), int(hi)) for lo, hi in zip(hb[:-1], hb[1:])]
+    full_a = [(int(lo), int(hi)) for lo, hi in zip(ab[:-1], ab[1:])]
+    for passes in range(1, max_passes + 1):
+        before = (st.hs.copy(), st.he.copy(), st.as_.copy(), st.ae.copy())
+        moved = st.host(full_h)
+        moved = st.gpu(full_a) or moved
+        if moved:
+            return None
+        if all(np.array_equal(x, y) for x, y in zip(before, (st.hs, st.he, st.as_, st.ae))):
+            return Times(st.hs, st.he, st.as_, st.ae, passes)
+    return None
+
+
+def _by_passes(g: Graph, window: int = WINDOW) -> Times:
+    """Longest-path times of every node of ``g``, by passes until nothing moves.
 
     Swept in windows of about ``window`` items in time order: each window is passed over until
     it settles, with the earlier windows final, so a GPU→host crossing costs a pass over one
@@ -239,6 +274,128 @@ def simulate(g: Graph, window: int = WINDOW) -> Times:
         if not moved:
             return Times(st.hs, st.he, st.as_, st.ae, passes)
     raise GpuprofError(f"replay did not settle after {MAX_PASSES} passes (a cycle in the dependency graph?)")
+
+
+class _Chain:
+    """One chain (a rank's host calls or a stream's activities) as half-items: ``2k`` is item
+    ``k``'s start, ``2k + 1`` its end, each ``v[h] = max(v[h-1] + w[h], b[h])``; its place in the
+    global half arrays starts at ``base``. ``needs``: per other chain, the cumulative max over this
+    chain's half-items of how far that chain must be solved (in half-items) before each can be;
+    ``inputs``: per kind of outside edge, the half-items it enters (ascending), the global half
+    it comes from and its weight."""
+
+    def __init__(self, base: int, w: np.ndarray, const: np.ndarray) -> None:
+        self.base = base
+        self.n = len(w)
+        acc = np.cumsum(w)
+        acc -= w[0]  # the first item takes no edge from before its chain
+        self.acc = acc
+        self.const = const
+        self.needs: list[tuple[int, np.ndarray]] = []
+        self.inputs: list[tuple[np.ndarray, bool, np.ndarray, np.ndarray]] = []
+        self.cursor: list[int] = []
+        self.done = 0
+        #: the running max of ``b - acc`` over the half-items solved so far: with it, a stretch
+        #: solved alone gives the same floats as the whole chain scanned at once
+        self.top = -np.inf
+
+
+def _chains(g: Graph) -> list[_Chain]:
+    """The host and stream chains of ``g`` with their outside edges (host chains first)."""
+    hb, ab = _segments(g.h_first), _segments(g.a_first)
+    h_chain = np.repeat(np.arange(len(hb) - 1), np.diff(hb))
+    a_chain = np.repeat(np.arange(len(ab) - 1), np.diff(ab)) + len(hb) - 1
+    h_local = np.arange(g.n_host) - hb[:-1][h_chain] if g.n_host else h_chain
+    a_local = np.arange(g.n_acts) - ab[:-1][a_chain - len(hb) + 1] if g.n_acts else a_chain
+    chains: list[_Chain] = []
+    for lo, hi in zip(hb[:-1], hb[1:]):
+        const = np.full(2 * (hi - lo), -np.inf)
+        const[0] = g.h_ts[lo]  # the first call of a rank starts as traced
+        chains.append(_Chain(2 * int(lo), _interleave(g.h_gap[lo:hi], g.h_dur[lo:hi]), const))
+    root = g.a_first & (g.a_launch < 0) & (g.a_dep < 0)
+    for lo, hi in zip(ab[:-1], ab[1:]):
+        const = np.full(2 * (hi - lo), -np.inf)
+        const[0::2] = np.where(root[lo:hi], g.a_ts[lo:hi], -np.inf)
+        chains.append(_Chain(2 * int(lo), _interleave(g.a_sgap[lo:hi], g.a_dur[lo:hi]), const))
+    # (target chain, target half (global), from the host side?, source chain, source half (global), weight)
+    edges: list[tuple[np.ndarray, np.ndarray, bool, np.ndarray, np.ndarray, np.ndarray]] = []
+    i = np.flatnonzero(g.h_bp >= 0)
+    edges.append((h_chain[i], 2 * i, False, a_chain[g.h_bp[i]], 2 * g.h_bp[i] + 1, g.h_bpw[i]))
+    i = np.flatnonzero(g.h_wait >= 0)
+    edges.append((h_chain[i], 2 * i + 1, False, a_chain[g.h_wait[i]], 2 * g.h_wait[i] + 1, g.h_tail[i]))
+    j = np.flatnonzero(g.a_launch >= 0)
+    edges.append((a_chain[j], 2 * j, True, h_chain[g.a_launch[j]], 2 * g.a_launch[j], g.a_lat[j]))
+    j = np.flatnonzero(g.a_dep >= 0)
+    edges.append((a_chain[j], 2 * j, False, a_chain[g.a_dep[j]], 2 * g.a_dep[j] + 1, g.a_depw[j]))
+    del h_local, a_local
+    for tc, th, from_host, sc, sh, w in edges:
+        if not len(tc):
+            continue
+        for c in np.unique(tc):  # chains are few
+            m = tc == c
+            ch = chains[int(c)]
+            pos = th[m] - ch.base
+            o = np.argsort(pos, kind="stable")
+            ch.inputs.append((pos[o], from_host, sh[m][o], w[m][o]))
+            ch.cursor.append(0)
+            for d in np.unique(sc[m]):
+                md = sc[m] == d
+                need = np.zeros(ch.n, dtype=np.int64)
+                np.maximum.at(need, pos[md], sh[m][md] - chains[int(d)].base + 1)
+                ch.needs.append((int(d), np.maximum.accumulate(need)))
+    for ch in chains:  # one need array per source chain
+        merged: dict[int, np.ndarray] = {}
+        for d, need in ch.needs:
+            merged[d] = np.maximum(merged[d], need) if d in merged else need
+        ch.needs = list(merged.items())
+    return chains
+
+
+def _in_order(g: Graph) -> Times | None:
+    """Longest-path times of ``g`` solved in dependency order: each chain is solved as far as its
+    outside inputs are final (one scan of that stretch), round after round, so every half-item
+    is computed once, from final inputs. A sync costs one round (the host up to the call, the
+    GPU up to the work it waits for), a few scans of the stretch between syncs, not a pass over
+    a window. ``None`` when no chain can go on before all are solved (a cycle: the windowed
+    passes say so)."""
+    hv = _interleave(g.h_ts, g.h_end)
+    av = _interleave(g.a_ts, g.a_end)
+    chains = _chains(g)
+    n_host_chains = int(g.h_first.sum())
+    rounds = 0
+    left = sum(ch.n for ch in chains)
+    while left:
+        rounds += 1
+        moved = False
+        for c, ch in enumerate(chains):
+            p = ch.done
+            if p == ch.n:
+                continue
+            q = ch.n
+            for d, need in ch.needs:
+                q = min(q, int(need.searchsorted(chains[d].done, side="right")))
+            if q <= p:
+                continue
+            b = ch.const[p:q].copy()
+            for k, (pos, from_host, src, w) in enumerate(ch.inputs):
+                lo = ch.cursor[k]
+                hi = int(pos.searchsorted(q))
+                if hi > lo:
+                    at = pos[lo:hi] - p
+                    b[at] = np.maximum(b[at], (hv if from_host else av)[src[lo:hi]] + w[lo:hi])
+                    ch.cursor[k] = hi
+            acc = ch.acc[p:q]
+            b -= acc
+            b[0] = max(b[0], ch.top)
+            top = np.maximum.accumulate(b)
+            ch.top = float(top[-1])
+            (hv if c < n_host_chains else av)[ch.base + p:ch.base + q] = acc + top
+            ch.done = q
+            left -= q - p
+            moved = True
+        if not moved:
+            return None
+    return Times(hv[0::2].copy(), hv[1::2].copy(), av[0::2].copy(), av[1::2].copy(), rounds)
 
 
 def step_windows(g: Graph, t: Times) -> tuple[np.ndarray, np.ndarray]:
