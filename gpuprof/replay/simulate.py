@@ -380,15 +380,18 @@ def _in_order(g: Graph) -> Times | None:
             for k, (pos, from_host, src, w) in enumerate(ch.inputs):
                 lo = ch.cursor[k]
                 hi = int(pos.searchsorted(q))
-                if hi > lo:
+                if hi == lo + 1:  # one edge in the stretch (a sync's wait): no arrays to build
+                    at = int(pos[lo]) - p
+                    b[at] = max(b[at], (hv if from_host else av)[src[lo]] + w[lo])
+                elif hi > lo:
                     at = pos[lo:hi] - p
                     b[at] = np.maximum(b[at], (hv if from_host else av)[src[lo:hi]] + w[lo:hi])
-                    ch.cursor[k] = hi
+                ch.cursor[k] = hi
             acc = ch.acc[p:q]
             b -= acc
             b[0] = max(b[0], ch.top)
             top = np.maximum.accumulate(b)
-            ch.top = float(top[-1])
+            ch.top = top[-1]
             (hv if c < n_host_chains else av)[ch.base + p:ch.base + q] = acc + top
             ch.done = q
             left -= q - p
