@@ -224,11 +224,12 @@ def simulate(g: Graph, window: int = WINDOW) -> Times:
 
 
 def _as_traced(g: Graph, max_passes: int = 4) -> Times | None:
-    """The solution when whole-graph passes from the traced times move nothing by more than
-    rounding (the unchanged graph, or a change that moves nothing), else ``None``: a pass is a few
-    scans, far cheaper than solving the graph in order (a round per sync). Passed over until not
-    a bit changes, the floats are those :func:`_in_order` computes (the one fixed point of the
-    whole-chain scans)."""
+    """The times when whole-graph passes from the traced times move nothing by more than
+    ``SETTLED_US`` (the unchanged graph, or a change that moves nothing), else ``None``: a pass is
+    a few scans, far cheaper than solving the graph in order (a round per sync). Passed over until
+    not a bit changes (at most ``max_passes``), the floats are those :func:`_in_order` computes
+    (the one fixed point of the whole-chain scans); after that, rounding still moving along the
+    chains is left where it settled, as the windowed passes do."""
     st = _State(g)
     hb, ab = _segments(g.h_first), _segments(g.a_first)
     full_h = [(int(lo), int(hi)) for lo, hi in zip(hb[:-1], hb[1:])]
@@ -240,8 +241,8 @@ def _as_traced(g: Graph, max_passes: int = 4) -> Times | None:
         if moved:
             return None
         if all(np.array_equal(x, y) for x, y in zip(before, (st.hs, st.he, st.as_, st.ae))):
-            return Times(st.hs, st.he, st.as_, st.ae, passes)
-    return None
+            break
+    return Times(st.hs, st.he, st.as_, st.ae, passes)
 
 
 def _by_passes(g: Graph, window: int = WINDOW) -> Times:
@@ -384,8 +385,8 @@ def _in_order(g: Graph) -> Times | None:
                     at = int(pos[lo]) - p
                     b[at] = max(b[at], (hv if from_host else av)[src[lo]] + w[lo])
                 elif hi > lo:
-                    at = pos[lo:hi] - p
-                    b[at] = np.maximum(b[at], (hv if from_host else av)[src[lo:hi]] + w[lo:hi])
+                    ats = pos[lo:hi] - p
+                    b[ats] = np.maximum(b[ats], (hv if from_host else av)[src[lo:hi]] + w[lo:hi])
                 ch.cursor[k] = hi
             acc = ch.acc[p:q]
             b -= acc
