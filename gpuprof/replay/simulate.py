@@ -282,8 +282,9 @@ class _Chain:
     ``k``'s start, ``2k + 1`` its end, each ``v[h] = max(v[h-1] + w[h], b[h])``; its place in the
     global half arrays starts at ``base``. ``needs``: per other chain, the cumulative max over this
     chain's half-items of how far that chain must be solved (in half-items) before each can be;
-    ``inputs``: per kind of outside edge, the half-items it enters (ascending), the global half
-    it comes from and its weight."""
+    ``inputs``: per kind of outside edge (at most one of a kind enters a half-item), for each
+    half-item whether it comes from the host side, the global half it comes from (the values'
+    last slot, always -inf, where none does) and its weight."""
 
     def __init__(self, base: int, w: np.ndarray, const: np.ndarray) -> None:
         self.base = base
@@ -293,8 +294,7 @@ class _Chain:
         self.acc = acc
         self.const = const
         self.needs: list[tuple[int, np.ndarray]] = []
-        self.inputs: list[tuple[np.ndarray, bool, np.ndarray, np.ndarray]] = []
-        self.cursor: list[int] = []
+        self.inputs: list[tuple[bool, np.ndarray, np.ndarray]] = []
         self.done = 0
         #: the running max of ``b - acc`` over the half-items solved so far: with it, a stretch
         #: solved alone gives the same floats as the whole chain scanned at once
@@ -306,8 +306,6 @@ def _chains(g: Graph) -> list[_Chain]:
     hb, ab = _segments(g.h_first), _segments(g.a_first)
     h_chain = np.repeat(np.arange(len(hb) - 1), np.diff(hb))
     a_chain = np.repeat(np.arange(len(ab) - 1), np.diff(ab)) + len(hb) - 1
-    h_local = np.arange(g.n_host) - hb[:-1][h_chain] if g.n_host else h_chain
-    a_local = np.arange(g.n_acts) - ab[:-1][a_chain - len(hb) + 1] if g.n_acts else a_chain
     chains: list[_Chain] = []
     for lo, hi in zip(hb[:-1], hb[1:]):
         const = np.full(2 * (hi - lo), -np.inf)
@@ -328,7 +326,6 @@ def _chains(g: Graph) -> list[_Chain]:
     edges.append((a_chain[j], 2 * j, True, h_chain[g.a_launch[j]], 2 * g.a_launch[j], g.a_lat[j]))
     j = np.flatnonzero(g.a_dep >= 0)
     edges.append((a_chain[j], 2 * j, False, a_chain[g.a_dep[j]], 2 * g.a_dep[j] + 1, g.a_depw[j]))
-    del h_local, a_local
     for tc, th, from_host, sc, sh, w in edges:
         if not len(tc):
             continue
@@ -336,9 +333,11 @@ def _chains(g: Graph) -> list[_Chain]:
             m = tc == c
             ch = chains[int(c)]
             pos = th[m] - ch.base
-            o = np.argsort(pos, kind="stable")
-            ch.inputs.append((pos[o], from_host, sh[m][o], w[m][o]))
-            ch.cursor.append(0)
+            src = np.full(ch.n, 2 * (g.n_host if from_host else g.n_acts), dtype=np.int64)
+            src[pos] = sh[m]
+            weight = np.zeros(ch.n)
+            weight[pos] = w[m]
+            ch.inputs.append((from_host, src, weight))
             for d in np.unique(sc[m]):
                 md = sc[m] == d
                 need = np.zeros(ch.n, dtype=np.int64)
@@ -359,8 +358,8 @@ def _in_order(g: Graph) -> Times | None:
     GPU up to the work it waits for), a few scans of the stretch between syncs, not a pass over
     a window. ``None`` when no chain can go on before all are solved (a cycle: the windowed
     passes say so)."""
-    hv = _interleave(g.h_ts, g.h_end)
-    av = _interleave(g.a_ts, g.a_end)
+    hv = np.r_[_interleave(g.h_ts, g.h_end), -np.inf]  # the last slot: "no edge"
+    av = np.r_[_interleave(g.a_ts, g.a_end), -np.inf]
     chains = _chains(g)
     n_host_chains = int(g.h_first.sum())
     rounds = 0
@@ -377,19 +376,11 @@ def _in_order(g: Graph) -> Times | None:
                 q = min(q, int(need.searchsorted(chains[d].done, side="right")))
             if q <= p:
                 continue
-            b = ch.const[p:q].copy()
-            for k, (pos, from_host, src, w) in enumerate(ch.inputs):
-                lo = ch.cursor[k]
-                hi = int(pos.searchsorted(q))
-                if hi == lo + 1:  # one edge in the stretch (a sync's wait): no arrays to build
-                    at = int(pos[lo]) - p
-                    b[at] = max(b[at], (hv if from_host else av)[src[lo]] + w[lo])
-                elif hi > lo:
-                    ats = pos[lo:hi] - p
-                    b[ats] = np.maximum(b[ats], (hv if from_host else av)[src[lo:hi]] + w[lo:hi])
-                ch.cursor[k] = hi
+            b = ch.const[p:q]
+            for from_host, src, w in ch.inputs:
+                b = np.maximum(b, (hv if from_host else av)[src[p:q]] + w[p:q])
             acc = ch.acc[p:q]
-            b -= acc
+            b = b - acc
             b[0] = max(b[0], ch.top)
             top = np.maximum.accumulate(b)
             ch.top = top[-1]
@@ -399,7 +390,7 @@ def _in_order(g: Graph) -> Times | None:
             moved = True
         if not moved:
             return None
-    return Times(hv[0::2].copy(), hv[1::2].copy(), av[0::2].copy(), av[1::2].copy(), rounds)
+    return Times(hv[0:-1:2].copy(), hv[1:-1:2].copy(), av[0:-1:2].copy(), av[1:-1:2].copy(), rounds)
 
 
 def step_windows(g: Graph, t: Times) -> tuple[np.ndarray, np.ndarray]:
