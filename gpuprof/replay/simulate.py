@@ -3,15 +3,20 @@
 Each chain (a rank's host calls, a stream's activities) is a max-plus recurrence
 ``v[j] = max(v[j-1] + a[j], b[j])``, where ``a`` is the edge from the chain predecessor and ``b``
 gathers the edges from other chains (launches, waits, other streams, other ranks). Given ``b``, a
-whole chain is one vectorised scan: ``v[j] = A[j] + max_{m<=j} (b[m] - A[m])`` with ``A`` the
-cumulative sum of ``a`` (``np.maximum.accumulate``). The
-simulator alternates host scans and GPU scans, gathering ``b`` from the other side's latest
-times, until nothing moves: the graph is acyclic, so this reaches its one fixed point, the
-longest-path times. It sweeps the trace in time-ordered windows, so a pass costs O(window); the
-number of passes is about the number of times the critical path crosses from the GPU back to the
-host (a sync that held the host up) or between streams or ranks against the pass order, plus one
-per window. That is a few per step in training loops (benchmarks/replay_speed.py: 100k kernels
-of the GPT step in 0.2-0.5 s); a per-parameter ``.item()`` (76 syncs a step) costs one pass each.
+stretch of a chain is one vectorised scan: ``v[j] = A[j] + max_{m<=j} (b[m] - A[m])`` with ``A``
+the cumulative sum of ``a`` (``np.maximum.accumulate``). The graph is acyclic, so its
+longest-path times are the one fixed point. Three ways to reach it (:func:`simulate` picks):
+
+* whole-graph passes from the traced times (:func:`_as_traced`): the unchanged graph settles in
+  a few, whatever its syncs;
+* in dependency order (:func:`_in_order`, graphs without collectives): each chain solved as far
+  as its outside inputs are final, round after round, every node once. A sync costs a round of
+  a few scans of the stretch since the last one (benchmarks/replay_speed.py: the 100k-kernel
+  sync-heavy GPT, 76 ``.item()`` a step, every host span changed: 0.3-0.4 s, was 6 s by passes);
+* windowed passes (:func:`_by_passes`, graphs with collectives, whose ends need every rank's
+  arrival): host and GPU scans alternated over time-ordered windows until nothing moves, a pass
+  per crossing from the GPU back to the host (or between streams or ranks against the pass
+  order), plus one per window.
 """
 
 from __future__ import annotations
