@@ -21,10 +21,7 @@ from tests.conftest import sample_analysis as analysis
 PAIRS = [(c, b, g) for c, b, g, _ in pairs()]
 #: Known misses, each explained in docs/accuracy.md ("Where the estimates miss"); strict, so a fix
 #: that makes one hold turns the suite red until the mark goes.
-HOST_FLOOR = ("the fixed twin gpt_bf16 is host-bound (12.83 ms for 8.44 ms of kernels) while the bad trace is "
-              "GPU-bound even under the profiler, so no host floor is seen: the 6.6 ms of GPU time the fix removes "
-              "is real (the twin's trace), the step saves 2.9")
-KNOWN_MISS = {("shape_alignment", "gpt_vocab50257"): HOST_FLOOR}
+KNOWN_MISS: dict[tuple[str, str], str] = {}
 MEASURED = [pytest.param(c, b, g, id=c, marks=[pytest.mark.xfail(reason=KNOWN_MISS[(c, b)], strict=True)]
                          if (c, b) in KNOWN_MISS else [])
             for c, b, g, measured in pairs() if measured]

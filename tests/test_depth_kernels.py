@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import gpuprof
-from benchmarks.pairs import step_ms, trace_path
+from benchmarks.pairs import realised_noise_ms, step_ms, trace_path
 from gpuprof import gemmref
 from gpuprof.errors import SpecError
 from gpuprof.roofline import classify
@@ -39,19 +39,22 @@ def test_every_gemm_misaligned_is_found_and_priced(bad: str, good: str) -> None:
     assert "measured on an NVIDIA H200" in f.evidence["estimate_inputs"]
     realised = step_ms(bad) - step_ms(good)
     gpu_side = gpu_busy_ms(bad) - gpu_busy_ms(good)
-    # The estimate is of the GPU's work. Where the fixed twin is bound by its host (its real step
-    # over 1.2x its GPU busy time: llama_aligned, 24.88 ms for ~19 ms of GPU work) the step cannot
-    # shrink by all of it, and the GPU-side change measured between the two traces is the check.
-    host_bound_twin = step_ms(good) > 1.2 * gpu_busy_ms(good)
-    target = gpu_side if host_bound_twin else realised
-    assert abs(f.estimated_savings_ms - target) <= 0.25 * target, (f.estimated_savings_ms, realised, gpu_side)
+    # Both bad traces are GPU-bound, so the real step does not say how fast their host is: the
+    # fix is priced between the host floor and no host (docs/replay.md, "The host floor"). The
+    # host-free end is the GPU's own saving, checked against the GPU-side change between the two
+    # traces; the estimate, the middle, against the realised saving.
+    lo, hi = f.evidence["replay_saving_range_ms"]
+    assert lo <= f.estimated_savings_ms <= hi
+    assert abs(hi - gpu_side) <= 0.25 * gpu_side, (hi, gpu_side)
+    noise = realised_noise_ms(bad, good)
+    assert abs(f.estimated_savings_ms - realised) <= 0.35 * realised + noise, (f.estimated_savings_ms, realised)
     g = finding(good, "shape_alignment")
     assert g is None or g.estimated_savings_pct < 5.0
 
 
-@pytest.mark.xfail(strict=True, reason="gpt_bf16, the fixed twin, is host-bound since its one-session re-recording "
-                   "(12.83 ms for 8.44 ms of kernels); the GPU-bound bad trace shows no host floor (docs/accuracy.md)")
 def test_vocab_pair_keeps_working() -> None:
+    """gpt_bf16, the fixed twin, is host-bound (12.83 ms for 8.44 ms of kernels) while the bad
+    trace is GPU-bound: the estimate lies between the host floor and the GPU's saving."""
     f = finding("gpt_vocab50257", "shape_alignment")
     assert f is not None and analysis("gpt_vocab50257").findings[0] is f
     realised = step_ms("gpt_vocab50257") - step_ms("gpt_bf16")

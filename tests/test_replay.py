@@ -13,7 +13,8 @@ import pytest
 from benchmarks import replay_accuracy
 from benchmarks.pairs import realised_noise_ms, step_ms
 from gpuprof.ranks import load_trace_cached
-from gpuprof.replay import build, calibrate, deflate, replay, run, what_if
+from gpuprof.analyzers._base import bracket_cost_us
+from gpuprof.replay import build, calibrate, deflate, host_bounds, host_only, replay, run, steady_ms, what_if
 from gpuprof.replay import transforms as tf
 from gpuprof.replay.simulate import _scan
 from gpuprof.trace.load import load_trace
@@ -130,6 +131,45 @@ def test_calibrated_deflation_replays_the_unprofiled_step() -> None:
     out = deflate(fp32, c32)
     assert float(np.maximum(out.h_gap, 0).sum() + out.h_dur.sum()) == pytest.approx(0.0, abs=1e-6)
     assert run(out).period_ms == pytest.approx(step_ms("gpt_fp32"), rel=0.01)
+
+
+def test_steady_state_step_needs_the_hosts_own_time() -> None:
+    """gpt_fp32's host enters the three profiled steps ahead of the GPU (the GPU still runs 77 ms
+    of earlier work when the host has launched them all): with the steps' kernels 6x faster the
+    replayed window spends that lead, but a loop of such steps still needs the host's time per step."""
+    g = build(_traces(SAMPLES / "gpt_fp32.json.gz"))
+    fast = tf.scale_activities(g, g.a_step >= 0, 1 / 6)
+    host = run(host_only(fast)).period_ms
+    assert run(fast).period_ms < 0.6 * host  # the window alone reads the host as nearly free
+    assert steady_ms(fast) == pytest.approx(host)
+    # unchanged, the GPU sets the step and the steady-state step is the replayed one
+    assert steady_ms(g) == pytest.approx(run(g).period_ms)
+
+
+@pytest.mark.parametrize("name", ["gpt_fp32", "gpt_vocab50257", "llama_misaligned", "resnet50_fp32_nchw"])
+def test_gpu_bound_trace_has_a_host_floor(name: str) -> None:
+    """Where the GPU sets the unprofiled step, the host floor is the slowest host the trace allows:
+    at least the bracket estimate, and fast enough to keep up with the real step; any slower one
+    (a smaller cost per event) would replay slower than the real step or below the bracket."""
+    t = _traces(SAMPLES / f"{name}.json.gz")
+    g, real, br = build(t), step_ms(name), bracket_cost_us(t[0])
+    hb = host_bounds(g, real, br)
+    assert not hb.identified and hb.floor_us >= br
+    free = steady_ms(deflate(g, calibrate(g, real)))
+    assert steady_ms(deflate(g, hb.floor_us)) <= max(real, free) * 1.003
+    if hb.floor_us > br * 1.01:  # the floor is where the host just keeps up
+        assert steady_ms(deflate(g, 0.95 * hb.floor_us)) > max(real, free) * 1.002
+
+
+def test_host_bound_trace_identifies_its_host() -> None:
+    t = _traces(SAMPLES / "gpt_bf16.json.gz")
+    g, real = build(t), step_ms("gpt_bf16")
+    hb = host_bounds(g, real, bracket_cost_us(t[0]))
+    assert hb.identified
+    assert steady_ms(deflate(g, hb.floor_us)) == pytest.approx(real, rel=0.01)
+    assert hb.floor_us == pytest.approx(calibrate(g, real), rel=0.02)
+    # a bare trace: the bracket estimate is the only evidence, a floor
+    assert host_bounds(g, None, 2.0) == type(hb)(2.0, False)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ See docs/replay.md.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
@@ -95,10 +95,59 @@ def replay(x: Source, transforms: Sequence[Transform] = (), event_cost_us: float
     return run(g)
 
 
+def host_only(g: Graph) -> Graph:
+    """``g`` with every GPU activity taking no time: what the host alone allows per step."""
+    return replace(g, a_dur=np.zeros_like(g.a_dur))
+
+
+def steady_ms(g: Graph) -> float:
+    """Steady-state step time (ms): the replayed period (:attr:`Replayed.period_ms`), and never
+    less than the host's own time per step (the period of :func:`host_only`). A trace holds a few
+    steps, and the host can enter them ahead of the GPU by work it launched before the window
+    (gpt_fp32: the GPU is still busy with 77 ms of earlier steps when the host has launched all
+    three profiled ones). A replay whose GPU work got faster spends that lead and reads the host as
+    free; a loop of such steps cannot, since each step needs its host work done before its last
+    launch. On the unchanged traces the period is the longer of the two (the host kept up)."""
+    period = run(g).period_ms
+    host = run(host_only(g)).period_ms
+    return max(period, host) if np.isfinite(host) else period
+
+
 #: Within this share of the unprofiled step, a replay at the GPU's own floor is the measured step:
 #: the replay's own tolerance on unchanged traces (docs/replay.md), so a host that holds the step
 #: up by less is not measured by the step time.
 HOST_SEEN = 0.03
+
+
+def _top_cost(g: Graph) -> float:
+    """A cost per recorded event that takes every host gap and call out (the host gone)."""
+    busy = np.maximum(g.h_gap, 0.0) + g.h_dur
+    return float((busy / np.maximum(g.h_events, 1)).max()) if len(busy) else 0.0
+
+
+def _smallest_cost(g: Graph, target_ms: float, measure: Callable[[Graph], float], top: float, start: float,
+                   tol: float, max_iter: int, floor: bool = False) -> float:
+    """The smallest cost per recorded host event whose replay (``measure``) is no slower than
+    ``target_ms``, by bisection (the replayed step only falls as the cost grows), bracketed from
+    ``start`` doubling as needed; ``top`` when none below it is. A replay within ``tol`` of the
+    target ends the search, except where the target is the GPU's ``floor``: every cost above the
+    smallest replays that too."""
+    hi = min(top, start or top)
+    lo = 0.0
+    while hi < top and measure(deflate(g, hi)) > target_ms:
+        lo, hi = hi, min(2 * hi, top)
+    for _ in range(max_iter):
+        if hi - lo <= 1e-3 * hi:
+            break
+        mid = 0.5 * (lo + hi)
+        got = measure(deflate(g, mid))
+        if got > target_ms:
+            lo = mid
+        else:
+            hi = mid
+            if got >= target_ms * (1 - tol) and not floor:
+                break
+    return hi
 
 
 def calibrate(g: Graph, real_step_ms: float, tol: float = 0.002, max_iter: int = 40) -> float:
@@ -110,37 +159,63 @@ def calibrate(g: Graph, real_step_ms: float, tol: float = 0.002, max_iter: int =
 
     Only where the host held the real step up does the step time measure the host: when even a
     host of no cost replays within ``HOST_SEEN`` of ``real_step_ms`` (the GPU sets the step), every
-    cost from the smallest up replays the measured step, and the smallest would pin the host at
-    the GPU's speed, so any faster GPU work would look host-bound. The host is then taken out
-    entirely (the largest cost per event in the trace): a GPU-side fix is priced on the GPU, as
-    the trace can say no more (docs/replay.md)."""
-    busy = np.maximum(g.h_gap, 0.0) + g.h_dur
-    per_event = busy / np.maximum(g.h_events, 1)
-    top = float(per_event.max()) if len(per_event) else 0.0
+    cost from the smallest up replays the measured step. This returns the largest cost per event
+    in the trace there (the host taken out); one rank's fixes are priced between that and the
+    host floor (:func:`host_bounds`); the cross-rank replay (``gpuprof.replay.ranks.job``) uses
+    this figure."""
+    top = _top_cost(g)
     floor = run(deflate(g, top)).period_ms
     if floor >= real_step_ms * (1 - HOST_SEEN):
         return top
     base = run(g).period_ms
     if not base > real_step_ms * (1 + tol):
         return 0.0
-    target = real_step_ms
-    # bracket from the mean cost per event (it takes the host out on average), doubling as needed
-    hi = min(top, float(busy.sum() / max(float(g.h_events.sum()), 1.0)) or top)
-    lo = 0.0
-    while hi < top and run(deflate(g, hi)).period_ms > target:
-        lo, hi = hi, min(2 * hi, top)
-    for _ in range(max_iter):  # the smallest cost whose replay is no slower than the target
-        if hi - lo <= 1e-3 * hi:
-            break
-        mid = 0.5 * (lo + hi)
-        got = run(deflate(g, mid)).period_ms
-        if got > target:
-            lo = mid
-        else:
-            hi = mid
-            if got >= target * (1 - tol):
-                break
-    return hi
+    # bracket from the mean cost per event (it takes the host out on average)
+    busy = np.maximum(g.h_gap, 0.0) + g.h_dur
+    mean = float(busy.sum() / max(float(g.h_events.sum()), 1.0))
+    return _smallest_cost(g, real_step_ms, lambda x: run(x).period_ms, top, mean, tol, max_iter)
+
+
+@dataclass(frozen=True)
+class HostBounds:
+    """What a trace says about the unprofiled host: ``floor_us``, the profiler's cost per recorded
+    event of the slowest host the evidence allows (the identified cost where the real step
+    measures the host); ``identified`` whether that is the host (else the fastest host the
+    evidence allows is no host at all, and the unprofiled host lies between)."""
+
+    floor_us: float
+    identified: bool
+
+
+def host_bounds(g: Graph, real_step_ms: float | None, bracket_us: float, tol: float = 0.002,
+                max_iter: int = 40) -> HostBounds:
+    """The host floor of ``g`` (see :class:`HostBounds`), on the steady-state step
+    (:func:`steady_ms`), from the trace's own evidence:
+
+    * the unprofiled step holds the host up (a host of no cost replays faster than it by more than
+      ``HOST_SEEN``): the smallest cost per event that replays it is the profiler's cost, identified;
+    * the GPU sets the unprofiled step: the host kept up with the GPU, so the cost is at least the
+      smallest that replays no slower than the real step (the host pinned at the GPU's speed), and
+      at least ``bracket_us``, the trace's own estimate of the profiler's cost per event
+      (``analyzers._base.bracket_cost_us``: below the cost measured from the step times on 33 of
+      34 samples). The larger is the floor: the real host is at least that fast, maybe faster;
+    * no unprofiled step: ``bracket_us`` is the only evidence, a floor as above."""
+    if not real_step_ms:
+        return HostBounds(bracket_us, False)
+    top = _top_cost(g)
+    free = steady_ms(deflate(g, top))
+    busy = np.maximum(g.h_gap, 0.0) + g.h_dur
+    mean = float(busy.sum() / max(float(g.h_events.sum()), 1.0))
+    if free < real_step_ms * (1 - HOST_SEEN):
+        if not steady_ms(g) > real_step_ms * (1 + tol):
+            return HostBounds(0.0, True)
+        return HostBounds(_smallest_cost(g, real_step_ms, steady_ms, top, mean, tol, max_iter), True)
+    # the host-free replay can read a little slower than the real step (the replay's own error):
+    # the host kept up when it replays no slower than that
+    target = max(real_step_ms, free) * (1 + tol)
+    kept_up = (0.0 if steady_ms(g) <= target
+               else _smallest_cost(g, target, steady_ms, top, mean, tol, max_iter, floor=True))
+    return HostBounds(max(kept_up, bracket_us), False)
 
 
 @dataclass(frozen=True)
@@ -164,5 +239,5 @@ def what_if(g: Graph, transforms: Sequence[Transform]) -> WhatIf:
     return WhatIf(run(g).period_ms, run(after).period_ms)
 
 
-__all__ = ["Graph", "Replayed", "Times", "Transform", "WhatIf", "build", "calibrate", "deflate", "replay", "run", "simulate",
-           "traces_of", "what_if"]
+__all__ = ["Graph", "HostBounds", "Replayed", "Times", "Transform", "WhatIf", "build", "calibrate", "deflate", "host_bounds",
+           "host_only", "replay", "run", "simulate", "steady_ms", "traces_of", "what_if"]

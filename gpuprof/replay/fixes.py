@@ -31,14 +31,14 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from gpuprof.errors import GpuprofError
-from gpuprof.replay import Graph, build, calibrate, deflate, run
+from gpuprof.replay import Graph, build, deflate, host_bounds, steady_ms
 from gpuprof.replay import transforms as tf
 from gpuprof.replay.graph import COPY_NAMES, SYNC_NAMES
 
@@ -75,8 +75,8 @@ BARE_HOST_WHY = ("no unprofiled step time to calibrate the replayed host on: the
 DEFAULT_WHY = "replay was not closer to the realised saving than this estimate on the real pairs (docs/replay.md)"
 #: Why a finding of a replayed category kept the sum of its claims: the rank had no graph to replay.
 NO_GRAPH_WHY = "no dependency graph to replay on this rank (no runtime calls or GPU work, or the replay failed)"
-#: Fixes of the GPU's own work, priced with the host taken out when the unprofiled step time is
-#: unknown: under the profiler the host runs 1.5-2.2x slower (docs/accuracy.md) and would hide them.
+#: Fixes of the GPU's own work: on a bare trace their replay is the estimate (between the host floor
+#: and no host); host-side fixes there keep their deflated gaps (``BARE_HOST_WHY``).
 GPU_SIDE = frozenset({"precision", "shape_alignment", "attention_fusion", "elementwise_fusion", "optimizer_fusion",
                       "memory_format", "pageable_memcpy", "memory_bound_decode", "gpu_throttling"})
 #: Fixes that fuse their kernels: each run of claimed kernels becomes one kernel (one launch).
@@ -87,31 +87,30 @@ FUSING = frozenset({"elementwise_fusion", "optimizer_fusion", "attention_fusion"
 class Plan:
     """One rank's deflated graph and, per finding id, the units it kept after claims."""
 
-    graph: Graph
+    graph: Graph  # deflated to the host floor (gpuprof.replay.host_bounds): the identified host where it is
     view: RankView
     units: dict[str, dict[tuple[Any, ...], float]]
     categories: dict[str, str]
     confidence: dict[str, str]
-    before_ms: float
+    before_ms: float  # the steady-state step replayed (the mean of the two bounds' where the host is unknown)
     raw: Graph  # the graph as traced, not deflated (summary.replay_step_time_ms replays it)
-    #: Without the unprofiled step time: the graph with the host taken out, on which GPU-side fixes
-    #: are priced (the profiled host would hide them; the trace cannot say how fast the real one is)
-    gpu_graph: Graph | None = None
-    gpu_before_ms: float = 0.0
+    #: Where the trace does not identify the unprofiled host (the GPU sets the real step, or no real
+    #: step is known): the graph with the host taken out, the other bound. Every fix is replayed on
+    #: both, and its estimate is the middle of the two savings (docs/replay.md, "The host floor")
+    free_graph: Graph | None = None
+    floor_us: float = 0.0  # the profiler's cost per recorded event taken out of ``graph``
+    real_known: bool = False  # whether the unprofiled step time was given (the replay is calibrated to it)
     cache: dict[tuple[Any, ...], float] = field(default_factory=dict)
 
-    def on_gpu(self, i: str) -> bool:
-        """Whether finding ``i`` is priced on :attr:`gpu_graph`."""
-        return self.gpu_graph is not None and self.categories[i] in GPU_SIDE
-
-    def applied(self, ids: Sequence[str], gpu: bool = False) -> Graph:
-        g = self.gpu_graph if gpu and self.gpu_graph is not None else self.graph
+    def applied(self, ids: Sequence[str], free: bool = False) -> Graph:
+        g = self.free_graph if free and self.free_graph is not None else self.graph
         for i in sorted(set(i for i in ids if i in self.units)):
             g = apply(g, self.view, self.categories[i], self.units[i])
         return g
 
     def by_class_ms(self, ids: Sequence[str]) -> dict[str, float]:
-        """Mean replayed time per step in each class (and idle), the fixes of ``ids`` applied."""
+        """Mean replayed time per step in each class (and idle), the fixes of ``ids`` applied (on
+        the host floor's graph)."""
         from gpuprof.replay.simulate import simulate, step_windows
         from gpuprof.timeline import exclusive_times
 
@@ -127,16 +126,25 @@ class Plan:
         ok = np.isfinite(lo) & np.isfinite(hi)
         return {c: float(v[ok].mean()) / 1000.0 if ok.any() else 0.0 for c, v in out.items()}
 
-    def after_ms(self, ids: Sequence[str], gpu: bool = False) -> float:
-        """Replayed steady-state step time with the fixes of ``ids`` applied together (on
-        :attr:`gpu_graph` with ``gpu``)."""
+    def bounds_ms(self, ids: Sequence[str]) -> tuple[float, float]:
+        """Steady-state step time (:func:`gpuprof.replay.steady_ms`) with the fixes of ``ids``
+        applied together: on the host floor's graph, and on the host-free graph (the same figure
+        where the host is identified)."""
         key = tuple(sorted(set(i for i in ids if i in self.units)))
-        gpu = gpu and self.gpu_graph is not None
-        if not key:
-            return self.gpu_before_ms if gpu else self.before_ms
-        if (gpu, *key) not in self.cache:
-            self.cache[(gpu, *key)] = run(self.applied(key, gpu)).period_ms
-        return self.cache[(gpu, *key)]
+        out: list[float] = []
+        for free in (False, True):
+            if free and self.free_graph is None:
+                return out[0], out[0]
+            if (free, *key) not in self.cache:
+                self.cache[(free, *key)] = steady_ms(self.applied(key, free))
+            out.append(self.cache[(free, *key)])
+        return out[0], out[1]
+
+    def after_ms(self, ids: Sequence[str]) -> float:
+        """Replayed steady-state step time with the fixes of ``ids`` applied together: the middle
+        of its two bounds where the unprofiled host is not identified (:meth:`bounds_ms`)."""
+        lo, hi = self.bounds_ms(ids)
+        return 0.5 * (lo + hi)
 
 
 def apply(g: Graph, v: RankView, category: str, units: dict[tuple[Any, ...], float]) -> Graph:
@@ -326,19 +334,14 @@ def plan(v: RankView, kept: Sequence[tuple[Candidate, dict[tuple[Any, ...], floa
     t = v.trace
     if not len(t.runtime) or not (len(t.kernels) + len(t.memcpys)):
         return None
-    gpu_g: Graph | None = None
-    gpu_before = 0.0
+    from gpuprof.analyzers._base import bracket_cost_us
+
     try:
-        raw = g = build([t])
-        if real_step_ms:
-            g = deflate(g, calibrate(g, real_step_ms))
-        else:
-            gpu_g = host_free(g)
-            gpu_before = run(gpu_g).period_ms
-        before = run(g).period_ms
+        raw = build([t])
+        hb = host_bounds(raw, real_step_ms, bracket_cost_us(t))
+        g = deflate(raw, hb.floor_us) if hb.floor_us > 0 else raw
+        free = None if hb.identified else host_free(raw)
     except GpuprofError:
-        return None
-    if not np.isfinite(before):
         return None
     units: dict[str, dict[tuple[Any, ...], float]] = {}
     cats: dict[str, str] = {}
@@ -348,7 +351,14 @@ def plan(v: RankView, kept: Sequence[tuple[Candidate, dict[tuple[Any, ...], floa
             continue
         units.setdefault(c.id, {}).update(u)
         cats[c.id], conf[c.id] = c.category, c.confidence
-    p = Plan(g, v, units, cats, conf, before, raw, gpu_g, gpu_before)
+    p = Plan(g, v, units, cats, conf, 0.0, raw, free, hb.floor_us, bool(real_step_ms))
+    try:
+        before = p.after_ms([])
+    except GpuprofError:
+        return None
+    if not np.isfinite(before):
+        return None
+    p = replace(p, before_ms=before, cache=p.cache)
     _PLANS.clear()  # the plan holds the rank's frames: keep only the latest rank's
     _PLANS[id(t)] = (weakref.ref(t), p)
     return p
@@ -375,24 +385,32 @@ def price(p: Plan, n_steps: int, step_ms: float) -> dict[str, dict[str, Any]]:
     projection (``summary.projected_step_time_ms``, ``Analysis.what_if``): a fusion in a
     launch-bound step saves its launches alone, and nothing more once a CUDA graph removed them.
 
-    The saving is the replayed share of the step, ``(before − after) / before``, of ``step_ms``
-    (the step the report's percentages are of): with the unprofiled step time the replay is
-    calibrated to it, so this is ``before − after``; on a bare trace whose first profiled step is
-    cut short (its mean window is shorter than the steady-state period) a fix cannot save more
-    than the step. A GPU-side fix priced without the host saves ``before − after`` of GPU time."""
+    With the unprofiled step time (:attr:`Plan.real_known`) the saving is the replayed share of the
+    step, ``(before − after) / before``, of ``step_ms`` (the replay is calibrated to it, so this is
+    ``before − after`` where the host is identified); without it, ``before − after``: on a bare
+    trace whose first profiled step is cut short (its mean window is shorter than the
+    steady-state period) a fix cannot save more than the step. Where the trace does not identify
+    the unprofiled host (:attr:`Plan.free_graph`) the fix is replayed on the host floor and with
+    the host taken out; the two savings bound what it realises (``replay_saving_range_ms``) and
+    the estimate is their middle, the figure whose error is smallest in the worst case when
+    nothing in the trace places the host between them."""
     out: dict[str, dict[str, Any]] = {}
+    b_floor, b_free = p.bounds_ms([])
     for i in p.units:
-        gpu = p.on_gpu(i)
-        before = p.gpu_before_ms if gpu else p.before_ms
-        after = p.after_ms([i], gpu)
+        a_floor, a_free = p.bounds_ms([i])
+        before, after = 0.5 * (b_floor + b_free), 0.5 * (a_floor + a_free)
         ev: dict[str, Any] = {"replay_before_ms": round(before, 4), "replay_after_ms": round(after, 4)}
-        if gpu:
-            ev["replayed_without_host"] = True  # no unprofiled step time: the profiled host would hide the fix
+        pairs = [(b_floor, a_floor), (b_free, a_free)]
+        savings = [max(b - a, 0.0) * (step_ms / b if p.real_known and b > 0 else 1.0) for b, a in pairs]
+        saved = 0.5 * (savings[0] + savings[1])
+        if p.free_graph is not None:
+            ev["replay_saving_range_ms"] = [round(x, 4) for x in savings]
+            ev["host_floor_us_per_event"] = round(p.floor_us, 3)
         gpu_us = sum(x for u, x in p.units[i].items() if u[0] in ("k", "m"))
         if gpu_us > 0:  # the change to the GPU's own work, whether or not the step gets that much shorter
             ev["gpu_time_saved_ms_per_step"] = round(gpu_us / n_steps / 1000.0, 4)
         entry: dict[str, Any] = {"evidence": ev}
-        if p.categories[i] in REPLAY_USED and not gpu and p.gpu_graph is not None:
+        if p.categories[i] in REPLAY_USED and not p.real_known and p.categories[i] not in GPU_SIDE:
             # a host-side fix on a bare trace: no real step to calibrate the host on, and the raw
             # host is the profiler's (torch 1.8: ~16 µs per event); the claimed gaps, deflated by
             # the trace's own profiler-cost estimate, stay the estimate (closer on the bare pairs:
@@ -400,9 +418,6 @@ def price(p: Plan, n_steps: int, step_ms: float) -> dict[str, dict[str, Any]]:
             ev["replay_not_used"] = BARE_HOST_WHY
         elif p.categories[i] in REPLAY_USED:
             ev["estimate"] = "replay"
-            saved = max(before - after, 0.0)
-            if not gpu and before > 0:  # the replayed share of the step the report is of
-                saved *= step_ms / before
             entry["kept_us"] = saved * 1000.0 * n_steps
         else:
             ev["replay_not_used"] = PRICED_NOT_USED_WHY.get(p.categories[i], DEFAULT_WHY)
