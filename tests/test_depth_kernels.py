@@ -43,7 +43,8 @@ def test_every_gemm_misaligned_is_found_and_priced(bad: str, good: str) -> None:
     # fix is priced between the host floor and no host (docs/replay.md, "The host floor"). The
     # host-free end is the GPU's own saving, checked against the GPU-side change between the two
     # traces; the estimate, the middle, against the realised saving.
-    lo, hi = f.evidence["replay_saving_range_ms"]
+    b = f.evidence["replay_saving_bounds_ms"]
+    lo, hi = b["host_floor"], b["no_host"]
     assert lo <= f.estimated_savings_ms <= hi
     assert abs(hi - gpu_side) <= 0.25 * gpu_side, (hi, gpu_side)
     noise = realised_noise_ms(bad, good)

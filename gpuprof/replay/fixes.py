@@ -391,7 +391,7 @@ def price(p: Plan, n_steps: int, step_ms: float) -> dict[str, dict[str, Any]]:
     trace whose first profiled step is cut short (its mean window is shorter than the
     steady-state period) a fix cannot save more than the step. Where the trace does not identify
     the unprofiled host (:attr:`Plan.free_graph`) the fix is replayed on the host floor and with
-    the host taken out; the two savings bound what it realises (``replay_saving_range_ms``) and
+    the host taken out; the two savings bound what it realises (``replay_saving_bounds_ms``) and
     the estimate is their middle, the figure whose error is smallest in the worst case when
     nothing in the trace places the host between them."""
     out: dict[str, dict[str, Any]] = {}
@@ -404,7 +404,7 @@ def price(p: Plan, n_steps: int, step_ms: float) -> dict[str, dict[str, Any]]:
         savings = [max(b - a, 0.0) * (step_ms / b if p.real_known and b > 0 else 1.0) for b, a in pairs]
         saved = 0.5 * (savings[0] + savings[1])
         if p.free_graph is not None:
-            ev["replay_saving_range_ms"] = [round(x, 4) for x in savings]
+            ev["replay_saving_bounds_ms"] = {"host_floor": round(savings[0], 4), "no_host": round(savings[1], 4)}
             ev["host_floor_us_per_event"] = round(p.floor_us, 3)
         gpu_us = sum(x for u, x in p.units[i].items() if u[0] in ("k", "m"))
         if gpu_us > 0:  # the change to the GPU's own work, whether or not the step gets that much shorter
