@@ -96,8 +96,11 @@ def replay(x: Source, transforms: Sequence[Transform] = (), event_cost_us: float
 
 
 def host_only(g: Graph) -> Graph:
-    """``g`` with every GPU activity taking no time: what the host alone allows per step."""
-    return replace(g, a_dur=np.zeros_like(g.a_dur))
+    """``g`` with every GPU activity taking no time, so no call waits for one (a sync, a full
+    launch queue): what the host alone allows per step. Without the GPU-to-host edges it replays
+    in one pass; the syncs' round trips it leaves out keep it a floor."""
+    return replace(g, a_dur=np.zeros_like(g.a_dur), h_wait=np.full_like(g.h_wait, -1),
+                   h_bp=np.full_like(g.h_bp, -1))
 
 
 def steady_ms(g: Graph) -> float:
