@@ -23,7 +23,9 @@ the categories in ``REPLAY_USED``: the step replayed with and without the fix is
 Cross-rank fixes (``exposed_communication``, ``rank_imbalance``) are not replayed here: a rank's
 analysis sees one rank's graph, and a collective's end depends on the other ranks' arrival.
 
-The graph is deflated first when the unprofiled step time is known (:func:`gpuprof.replay.calibrate`).
+The graph is first deflated to its host floor (:func:`gpuprof.replay.host_bounds`): the identified
+profiler cost where the unprofiled step measures the host; where it does not (the GPU sets that
+step, or it is unknown), each fix is also replayed with the host taken out and priced between.
 See docs/replay.md for the assumptions and the accuracy table.
 """
 
