@@ -528,31 +528,42 @@ def op_costs(ops: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
     """flops, bytes, dtype and family for the given op rows (NaN/None where no rule applies).
 
     Arguments arrive as the JSON Kineto recorded; each distinct (name, arguments) signature
-    is parsed and modelled once.
+    is parsed and modelled once, and its cost broadcast to every row of that signature.
     """
     from gpuprof.trace.load import parse_arg
 
     rows = np.unique(rows[rows >= 0])
     sub = ops.iloc[rows]
-    names, dims, types, conc, strd = (sub[c].to_numpy() for c in
-                                      ("name", "input_dims", "input_types", "concrete_inputs", "input_strides"))
-    cache: dict[tuple[Any, ...], Cost | None] = {}
-    flops = np.full(len(rows), np.nan)
-    nbytes = np.full(len(rows), np.nan)
-    dtype = np.empty(len(rows), dtype=object)
-    family = np.empty(len(rows), dtype=object)
-    assumed = np.zeros(len(rows), dtype=bool)
-    for i in range(len(rows)):  # a dict lookup per op; a rule evaluation per distinct signature
-        key = (names[i], dims[i], types[i], conc[i], strd[i])
-        if key in cache:
-            c = cache[key]
-        else:
-            c = cache[key] = cost_of(str(names[i]), _arg(dims[i], parse_arg), _arg(types[i], parse_arg),
-                                     _arg(conc[i], parse_arg), _arg(strd[i], parse_arg))
+    cols = ("name", "input_dims", "input_types", "concrete_inputs", "input_strides")
+    # which signature each row has (``which``) and each signature's first row (``first``)
+    which = np.zeros(len(rows), dtype=np.int64)
+    for c in cols:
+        codes = _codes(sub[c])
+        # (a pair of codes as one integer, renumbered at once: the key stays below rows**2)
+        which, _ = pd.factorize(which * (int(codes.max(initial=-1)) + 2) + (codes + 1))
+    _, first = np.unique(which, return_index=True)
+    names, dims, types, conc, strd = (sub[c].to_numpy()[first] for c in cols)
+    n = len(first)
+    flops = np.full(n, np.nan)
+    nbytes = np.full(n, np.nan)
+    dtype = np.empty(n, dtype=object)
+    family = np.empty(n, dtype=object)
+    assumed = np.zeros(n, dtype=bool)
+    for i in range(n):  # once per distinct signature
+        c = cost_of(str(names[i]), _arg(dims[i], parse_arg), _arg(types[i], parse_arg),
+                    _arg(conc[i], parse_arg), _arg(strd[i], parse_arg))
         if c is not None:
             flops[i], nbytes[i], dtype[i], family[i], assumed[i] = c.flops, c.bytes, c.dtype, c.family, c.elt_assumed
-    return pd.DataFrame({"flops": flops, "bytes": nbytes, "dtype": dtype, "family": family, "elt_assumed": assumed},
-                        index=rows)
+    return pd.DataFrame({"flops": flops[which], "bytes": nbytes[which], "dtype": dtype[which],
+                         "family": family[which], "elt_assumed": assumed[which]}, index=rows)
+
+
+def _codes(col: pd.Series) -> np.ndarray:
+    """Equal values of ``col`` share a code, as a dict keyed by the values would. Missing values
+    (None, NaN) share code -1: the cost is the same for each (no rule's name, arguments that are
+    not lists), so they need not be told apart."""
+    codes, _ = pd.factorize(col)
+    return codes.astype(np.int64, copy=False)
 
 
 def _arg(value: Any, parse: Callable[[Any], Any]) -> Any:
