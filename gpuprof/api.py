@@ -41,6 +41,7 @@ from gpuprof.ranks import (
     result_of,
     with_rank,
 )
+from gpuprof.ranks import resident as ranks_resident
 from gpuprof.specs import GpuSpec, resolve
 from gpuprof.timeline import CLASSES
 from gpuprof.trace.model import RankTrace, TraceMeta
@@ -619,6 +620,40 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
+def local_workers(n: int, workers: int | None) -> int:
+    """Local processes for ``n`` ranks: ``workers`` (default: one per CPU), at most one per rank
+    and per CPU; 1 works in this process."""
+    cpus = cpu_count()
+    return max(1, min(n, workers or cpus, cpus))
+
+
+#: A job of several ranks whose traces hold at most this many bytes of JSON (a gzipped file
+#: counted at its uncompressed size) is analysed in this process by default, each rank loaded
+#: once and kept until its findings are made. Each worker process costs its own imports
+#: (numpy, pandas, pyarrow: ~0.5 s of CPU and ~120 MB before any trace) and a second load of
+#: each rank it summarised; in this process the frames held are ~0.7x the JSON (8 ranks of 13 MB
+#: from ddp_manual_allreduce: ~9 MB each), under what a single trace of that size holds. Bigger
+#: jobs go to worker processes, which hold one rank at a time, and `--workers N` asks for them.
+IN_PROCESS_MAX_BYTES = 256 * 2**20
+
+
+def job_bytes(files: Sequence[Path]) -> int:
+    """The JSON bytes of ``files``: a gzipped file's uncompressed size from its trailer (ISIZE,
+    modulo 4 GiB, so never counted below 4x its compressed size; Kineto JSON compresses ~15x)."""
+    total = 0
+    for f in files:
+        try:
+            size = Path(f).stat().st_size
+            if str(f).endswith(".gz") and size >= 18:
+                with open(f, "rb") as fh:
+                    fh.seek(-4, os.SEEK_END)
+                    size = max(int.from_bytes(fh.read(4), "little"), 4 * size)
+        except OSError:
+            continue  # loading it says what is wrong
+        total += size
+    return total
+
+
 #: Seconds a Dask run may go without a scheduler connection or without any worker before it
 #: fails with one line (``$GPUPROF_DASK_TIMEOUT_S``); a worker lost meanwhile is not an error:
 #: the scheduler runs its tasks again elsewhere.
@@ -665,8 +700,7 @@ class _Exec:
         self.cluster: Any = None
         self.pool: Any = None
         self.address = dask
-        cpus = cpu_count()
-        w = max(1, min(n, workers or cpus, cpus))
+        w = local_workers(n, workers)
         if dask:
             try:
                 from dask.distributed import Client, LocalCluster
@@ -861,12 +895,13 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
     writes the parse cache and the results cache (:mod:`gpuprof.trace.cache`): a second analysis
     of an unchanged trace with the same options loads no frames until they are asked for.
 
-    Several rank traces are worked on in parallel: by up to ``workers`` local processes (default and
-    most: one per CPU; 1 works in this process), or on a Dask cluster (``dask``: a scheduler address,
-    or ``"local"``). Unless ``keep_traces`` (default: only for a single trace), each rank is
-    reduced where it is loaded to a small summary (:mod:`gpuprof.ranks`) and only those cross to
-    this process, so memory here does not grow with the traces; ``Analysis.ranks`` then loads
-    the frames again on first use. ``progress(done, total, stage)``, when given, is called as
+    Several rank traces are worked on in parallel: by up to ``workers`` local processes (most: one
+    per CPU; 1 works in this process; default: one per CPU, or this process alone for a job of at
+    most ``IN_PROCESS_MAX_BYTES``, where each rank is then loaded once), or on a Dask cluster
+    (``dask``: a scheduler address, or ``"local"``). Unless ``keep_traces`` (default: only for a
+    single trace), each rank is reduced where it is loaded to a small summary
+    (:mod:`gpuprof.ranks`) and only those cross to this process, so memory here does not grow
+    with the traces (past that bound); ``Analysis.ranks`` then loads the frames again on first use. ``progress(done, total, stage)``, when given, is called as
     ranks finish each stage ("loaded", "summarised", "analysed").
 
     The real step time is checked against the trace: ``step_ms`` that is not a finite positive
@@ -951,10 +986,16 @@ def _analyze_real(seq: list[str | Path], step_ms: float | None, gpu: str | None,
     jobs = [Job(str(Path(f).resolve()), i, cache, gpu, gpu_spec, step_ms) for i, f in enumerate(files)]
     keep = len(jobs) == 1 if keep_traces is None else keep_traces
     samples, period, gpu_of = _run_nvml(folder, manifest)
+    small = not dask and len(files) > 1 and job_bytes(files) <= IN_PROCESS_MAX_BYTES
+    if small and workers is None:
+        workers = 1  # worker processes would not pay (see IN_PROCESS_MAX_BYTES)
+    resident = small and not keep and local_workers(len(jobs), workers) == 1
     with contextlib.ExitStack() as stack:
-        if not keep and not cache and not dask:
-            # Ranks are loaded twice (summary, then findings): without the user's cache, a private
-            # one for this call spares the second parse. Dask workers may be elsewhere: not there.
+        if resident:  # each rank loaded once, its frames kept for the later passes
+            stack.enter_context(ranks_resident())
+        elif not keep and not cache and not dask:
+            # Ranks are loaded again after their summary (findings): without the user's cache, a
+            # private one for this call spares the second parse. Dask workers may be elsewhere: not there.
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="gpuprof-cache-"))
             jobs = [replace(j, cache=True, cache_root=tmp) for j in jobs]
         a = _analyze_jobs(jobs, keep, gpu, gpu_spec, analyzers, step_ms, workers, dask, manifest, samples,

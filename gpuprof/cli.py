@@ -147,7 +147,8 @@ def main() -> None:
 @click.option("--step-ms", type=float, help="Step time measured WITHOUT the profiler (e.g. from training logs); "
               "corrects host-side estimates for the profiler's own overhead.")
 @click.option("--no-cache", is_flag=True, help="Neither read nor write the parse and results caches ($GPUPROF_CACHE_DIR).")
-@click.option("--workers", type=click.IntRange(min=1), help="Local processes parsing rank traces (default and most: one per CPU).")
+@click.option("--workers", type=click.IntRange(min=1), help="Local processes parsing rank traces (most: one per CPU; default: one per CPU, "
+              "or none for rank traces of 256 MiB of JSON or less, analysed in this process).")
 @click.option("--dask", "dask_address", metavar="ADDRESS|local",
               help="Parse rank traces on a Dask cluster (scheduler address, or 'local'); needs gpuprof[dask].")
 @click.option("--as-ranks", is_flag=True,

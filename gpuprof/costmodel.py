@@ -537,12 +537,12 @@ def op_costs(ops: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
     cols = ("name", "input_dims", "input_types", "concrete_inputs", "input_strides")
     # which signature each row has (``which``) and each signature's first row (``first``)
     which = np.zeros(len(rows), dtype=np.int64)
-    for c in cols:
-        codes = _codes(sub[c])
+    for col in cols:
+        codes = _codes(sub[col])
         # (a pair of codes as one integer, renumbered at once: the key stays below rows**2)
         which, _ = pd.factorize(which * (int(codes.max(initial=-1)) + 2) + (codes + 1))
     _, first = np.unique(which, return_index=True)
-    names, dims, types, conc, strd = (sub[c].to_numpy()[first] for c in cols)
+    names, dims, types, conc, strd = (sub[col].to_numpy()[first] for col in cols)
     n = len(first)
     flops = np.full(n, np.nan)
     nbytes = np.full(n, np.nan)

@@ -14,7 +14,9 @@ with the traces.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -119,13 +121,39 @@ def result_of(t: RankTrace, spec: GpuSpec | None, step_ms: float | None = None, 
     return RankResult(t, roof, summarize(t.steps, t.kernels, roof, t.memcpys, spec), step_ms, nvml, nvml_period_s)
 
 
+#: The ranks loaded so far by a job analysed in this process (see :func:`resident`), by their
+#: job less what does not change the loaded frames (the real step time, a rank number set by order).
+_RESIDENT: ContextVar[dict[Job, tuple[RankResult, GpuSpec | None]] | None] = ContextVar("gpuprof_resident",
+                                                                                       default=None)
+
+
+@contextmanager
+def resident() -> Iterator[None]:
+    """Within it, :func:`load_rank` in this process loads each rank once and keeps it: the later
+    passes over a rank (its findings, the slow rank's detail, its replay graph) reuse its frames,
+    roofline and summary instead of loading it again. For jobs small enough to hold whole (see
+    ``gpuprof.api``); worker processes and Dask workers never see it."""
+    token = _RESIDENT.set({})
+    try:
+        yield
+    finally:
+        _RESIDENT.reset(token)
+
+
 def load_rank(job: Job, nvml: pd.DataFrame | None = None, nvml_period_s: float = 0.05
               ) -> tuple[RankResult, GpuSpec | None]:
-    t = load_trace_cached(Path(job.path), job.fallback_rank, job.cache, job.cache_root)
-    if job.rank is not None and job.rank != t.meta.rank:
-        t = with_rank(t, job.rank)
-    spec = resolve(t.meta.device_properties, gpu=job.gpu, spec_file=job.gpu_spec)
-    return result_of(t, spec, job.step_ms, nvml, nvml_period_s), spec
+    memo = _RESIDENT.get()
+    key = replace(job, step_ms=None, rank=None)
+    got = memo.get(key) if memo is not None else None
+    if got is None:
+        t = load_trace_cached(Path(job.path), job.fallback_rank, job.cache, job.cache_root)
+        spec = resolve(t.meta.device_properties, gpu=job.gpu, spec_file=job.gpu_spec)
+        got = result_of(t, spec), spec  # the roofline and summary do not read the rank number or step time
+        if memo is not None:
+            memo[key] = got
+    r, spec = got
+    t = r.trace if job.rank is None or job.rank == r.trace.meta.rank else with_rank(r.trace, job.rank)
+    return RankResult(t, r.roofline, r.summary, job.step_ms, nvml, nvml_period_s), spec
 
 
 def event_cost_us(r: RankResult) -> tuple[float, float]:

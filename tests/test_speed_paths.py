@@ -131,6 +131,36 @@ def test_an_impossible_recorded_step_time_is_dropped_in_one_pass(tmp_path: Path,
     assert a == b
 
 
+@pytest.mark.parametrize("folder", ["ddp_slow_rank", "ddp_manual_allreduce"])
+def test_a_small_job_of_ranks_is_analysed_in_process_each_rank_loaded_once(folder: str,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real 2-rank DDP samples, default workers, no cache, a real step time below the traced one
+    (so the cross-rank findings replay the job and detail the slow rank): no worker process is
+    started and each rank is parsed once, though its summary, the job's replay graph and its
+    findings all read it; the report equals the one two worker processes make, where each pass
+    loads the rank again."""
+    import concurrent.futures
+
+    import gpuprof.api as api
+    import gpuprof.ranks as ranks
+
+    path = SAMPLES / folder
+    real = 0.7 * gpuprof.analyze(path, cache=False).summary["step_time_ms"]
+    pooled = gpuprof.analyze(path, cache=False, workers=2, step_ms=real).to_dict()
+    assert api.job_bytes(api.find_traces([path])) <= api.IN_PROCESS_MAX_BYTES
+
+    def no_pool(*a: Any, **k: Any) -> Any:
+        raise AssertionError("a worker process was started")
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", no_pool)
+    loads = _count(monkeypatch, ranks, "load_trace_cached")
+    graphs = _count(monkeypatch, api, "graph_job")
+    contributions = _count(monkeypatch, api, "findings_job")
+    here = gpuprof.analyze(path, cache=False, step_ms=real)
+    assert loads[0] == 2 and graphs[0] == 2 and contributions[0] == 2
+    assert here.to_dict() == pooled and pooled["findings"]
+
+
 def test_loader_columns_on_a_chunk_boundary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Columns built a chunk at a time join up exactly, whatever the chunk size: names coded in
     order of first appearance across chunks, record_function ranges moved to the annotations."""
