@@ -33,6 +33,7 @@ from gpuprof.ranks import (
     cached,
     digest,
     job_key,
+    kept_ranks,
     kernel_table,
     load_rank,
     load_trace_cached,
@@ -218,20 +219,27 @@ class Analysis:
     #: Where to file those figures once computed: the single trace's job, its result-key inputs
     #: and contributions (the figures join them in that one results-cache entry).
     replay_cache: tuple[Job, tuple[Any, ...], list[Any]] | None = None
+    #: The ranks' frames as a job analysed in this process loaded them (one small enough, see
+    #: ``IN_PROCESS_MAX_BYTES``): what ``ranks`` gives without loading them again. Unlike
+    #: ``results``, the report reads as for ranks analysed apart.
+    frames: tuple[RankResult, ...] | None = field(default=None, repr=False, compare=False)
 
     # --- frames ----------------------------------------------------------------------------
     @cached_property
     def ranks(self) -> tuple[RankResult, ...]:
-        """Every rank's frames. Kept in memory for a single trace (or ``keep_traces=True``);
-        otherwise loaded again here, through the parse cache, on first use."""
+        """Every rank's frames. Kept in memory for a single trace (or ``keep_traces=True``) and
+        for a small job analysed in this process; otherwise loaded again here, through the parse
+        cache, on first use."""
         if self.results is not None:
             return self.results
+        if self.frames is not None:
+            return self.frames
         return tuple(load_rank(j, p.nvml, p.nvml_period_s)[0] for j, p in zip(self.jobs, self.parts))
 
     def one_rank(self, rank: int) -> Analysis:
         """The analysis of one rank alone, its frames in memory (what per-rank analyzers see)."""
         i = next(i for i, p in enumerate(self.parts) if p.rank == rank)
-        if self.results is not None or "ranks" in self.__dict__:  # frames already here
+        if self.results is not None or self.frames is not None or "ranks" in self.__dict__:  # frames already here
             r = self.ranks[i]
         else:  # only this rank's frames, not every rank's
             r = load_rank(self.jobs[i], self.parts[i].nvml, self.parts[i].nvml_period_s)[0]
@@ -631,9 +639,11 @@ def local_workers(n: int, workers: int | None) -> int:
 #: counted at its uncompressed size) is analysed in this process by default, each rank loaded
 #: once and kept until its findings are made. Each worker process costs its own imports
 #: (numpy, pandas, pyarrow: ~0.5 s of CPU and ~120 MB before any trace) and a second load of
-#: each rank it summarised; in this process the frames held are ~0.7x the JSON (8 ranks of 13 MB
-#: from ddp_manual_allreduce: ~9 MB each), under what a single trace of that size holds. Bigger
-#: jobs go to worker processes, which hold one rank at a time, and `--workers N` asks for them.
+#: each rank it summarised. In this process every rank's frames are held (about half the JSON;
+#: less than a single trace of that size holds at its peak): 8 ranks of 12-14 MB of JSON made from
+#: ddp_manual_allreduce peaked at 241-244 MB in all, against 637-653 MB with two worker
+#: processes, and took 27 % less CPU (docs/performance.md). Bigger jobs go to worker processes,
+#: which hold one rank at a time; ``--workers N`` asks for them whatever the size.
 IN_PROCESS_MAX_BYTES = 256 * 2**20
 
 
@@ -901,8 +911,9 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
     (``dask``: a scheduler address, or ``"local"``). Unless ``keep_traces`` (default: only for a
     single trace), each rank is reduced where it is loaded to a small summary
     (:mod:`gpuprof.ranks`) and only those cross to this process, so memory here does not grow
-    with the traces (past that bound); ``Analysis.ranks`` then loads the frames again on first use. ``progress(done, total, stage)``, when given, is called as
-    ranks finish each stage ("loaded", "summarised", "analysed").
+    with the traces (past that bound); ``Analysis.ranks`` then loads the frames again on first
+    use. ``progress(done, total, stage)``, when given, is called as ranks finish each stage
+    ("loaded", "summarised", "analysed").
 
     The real step time is checked against the trace: ``step_ms`` that is not a finite positive
     number, or below the GPU's busy time per step (no step is shorter than its kernels; less
@@ -1081,9 +1092,11 @@ def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | 
                                  names, replay=lambda cats: _job_replay(ex, jobs, step_ms, cats))
         contribs = ex.map(findings_job, jobs, parts, [names] * len(parts), [cross.get(p.rank, []) for p in parts],
                           stage="analysed")
+        # loaded here and still held: kept for the views (their claims were kept with the traces)
+        frames = kept_ranks(jobs, parts)
     fixes, notes = _findings(findings_of(parts, [c for cs in contribs for c in cs]))
     return Analysis(parts=parts, spec=spec, findings=fixes, notes=notes, skipped=tuple(skipped), run=manifest,
-                    jobs=tuple(jobs))
+                    jobs=tuple(jobs), frames=frames)
 
 
 #: The summary's replayed figures as the results cache holds them (None: not computed yet).

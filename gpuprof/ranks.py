@@ -14,7 +14,7 @@ with the traces.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
@@ -151,9 +151,25 @@ def load_rank(job: Job, nvml: pd.DataFrame | None = None, nvml_period_s: float =
         got = result_of(t, spec), spec  # the roofline and summary do not read the rank number or step time
         if memo is not None:
             memo[key] = got
-    r, spec = got
+    return _as_job(got[0], job, nvml, nvml_period_s), got[1]
+
+
+def _as_job(r: RankResult, job: Job, nvml: pd.DataFrame | None, nvml_period_s: float) -> RankResult:
     t = r.trace if job.rank is None or job.rank == r.trace.meta.rank else with_rank(r.trace, job.rank)
-    return RankResult(t, r.roofline, r.summary, job.step_ms, nvml, nvml_period_s), spec
+    return RankResult(t, r.roofline, r.summary, job.step_ms, nvml, nvml_period_s)
+
+
+def kept_ranks(jobs: Sequence[Job], parts: Sequence[RankPart]) -> tuple[RankResult, ...] | None:
+    """Inside :func:`resident`, the ranks of ``jobs`` as :func:`load_rank` gives them with their
+    parts' GPU samples, when every one of them was loaded (none read whole from the results
+    cache); else None."""
+    memo = _RESIDENT.get()
+    if memo is None:
+        return None
+    got = [memo.get(replace(j, step_ms=None, rank=None)) for j in jobs]
+    if any(g is None for g in got):
+        return None
+    return tuple(_as_job(g[0], j, p.nvml, p.nvml_period_s) for g, j, p in zip(got, jobs, parts) if g is not None)
 
 
 def event_cost_us(r: RankResult) -> tuple[float, float]:

@@ -136,17 +136,21 @@ def test_a_small_job_of_ranks_is_analysed_in_process_each_rank_loaded_once(folde
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Real 2-rank DDP samples, default workers, no cache, a real step time below the traced one
     (so the cross-rank findings replay the job and detail the slow rank): no worker process is
-    started and each rank is parsed once, though its summary, the job's replay graph and its
-    findings all read it; the report equals the one two worker processes make, where each pass
-    loads the rank again."""
+    started and each rank is parsed once, though its summary, the job's replay graph, its
+    findings and the HTML views all read it; the report, claims and views equal those made with
+    two worker processes, where each pass loads the rank again."""
     import concurrent.futures
 
+    import gpuprof.analyzers.distributed as distributed
     import gpuprof.api as api
     import gpuprof.ranks as ranks
+    from gpuprof import views
 
     path = SAMPLES / folder
     real = 0.7 * gpuprof.analyze(path, cache=False).summary["step_time_ms"]
-    pooled = gpuprof.analyze(path, cache=False, workers=2, step_ms=real).to_dict()
+    apart = gpuprof.analyze(path, cache=False, workers=2, step_ms=real)
+    pooled = apart.to_dict()
+    views.claims(apart), apart.views_detail()  # (loads the ranks again, before the pool is refused)
     assert api.job_bytes(api.find_traces([path])) <= api.IN_PROCESS_MAX_BYTES
 
     def no_pool(*a: Any, **k: Any) -> Any:
@@ -159,6 +163,11 @@ def test_a_small_job_of_ranks_is_analysed_in_process_each_rank_loaded_once(folde
     here = gpuprof.analyze(path, cache=False, step_ms=real)
     assert loads[0] == 2 and graphs[0] == 2 and contributions[0] == 2
     assert here.to_dict() == pooled and pooled["findings"]
+    # the views read the frames the analysis loaded, and the claims it kept with them
+    want = views.claims(apart)
+    plans = _count(monkeypatch, distributed, "plan")  # what claims() runs where no claims were kept
+    assert views.claims(here).equals(want) and plans[0] == 0
+    assert here.views_detail() == apart.views_detail() and loads[0] == 2
 
 
 def test_loader_columns_on_a_chunk_boundary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
