@@ -642,7 +642,7 @@ def local_workers(n: int, workers: int | None) -> int:
 #: each rank it summarised. In this process every rank's frames are held (about half the JSON;
 #: less than a single trace of that size holds at its peak): 8 ranks of 12-14 MB of JSON made from
 #: ddp_manual_allreduce peaked at 241-244 MB in all, against 637-653 MB with two worker
-#: processes, and took 27 % less CPU (docs/performance.md). Bigger jobs go to worker processes,
+#: processes, and took 24-27 % less CPU (docs/performance.md). Bigger jobs go to worker processes,
 #: which hold one rank at a time; ``--workers N`` asks for them whatever the size.
 IN_PROCESS_MAX_BYTES = 256 * 2**20
 
