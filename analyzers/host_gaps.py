@@ -4,7 +4,9 @@
   (a DataLoader span), or while the main thread runs Python or CPU-only ops outside every op
   that drives the GPU (tokenising, image processing, logging: ``host_work``).
 * ``host_stall``: one gap holding a large share of its step, inside one op or call (a blocking
-  copy, a pause, a checkpoint save), named with its duration.
+  copy, a pause, a checkpoint save), named with its duration; and one-off host work after a step's
+  last GPU work, before the next step starts (a checkpoint written to disk after its copies:
+  :func:`step_tails`), which no idle gap inside a step window holds.
 * ``host_sync``: a call that drains the GPU queue (``.item()``, ``.cpu()``, ``nonzero``,
   ``synchronize``) leaves the GPU idle until the host launches new work.
 * ``launch_overhead``: the host cannot launch kernels as fast as the GPU runs them. Never
@@ -29,6 +31,7 @@ import numpy as np
 import pandas as pd
 from gpuprof.analyzers._base import (
     HOST_NOTE,
+    HOST_WORK_MIN_US,
     SYNC_CALLS,
     Candidate,
     RankView,
@@ -161,28 +164,63 @@ def host_work(analysis: Analysis) -> list[Candidate]:
     return out
 
 
+def step_tails(v: RankView) -> pd.DataFrame:
+    """One-off host work at a step's end: the GPU idle from the step's last GPU work until the next
+    step starts, beyond the least any step boundary of the trace takes (the loop's own host work
+    there: ``zero_grad``, ``prof.step()``), where that excess lasts ``HOST_WORK_MIN_US`` or more
+    at fewer than half of the steps (the rule ``classify_gaps`` applies to host work inside a step:
+    a checkpoint every N steps, not work that recurs every step). Step windows end with their last
+    GPU work, so this stretch lies in no window and no idle gap holds it, though the step period
+    includes it: gpt_checkpoint_every3 writes its checkpoint for 314 ms after the copies' 606 ms of
+    stalled gaps. Columns: step (the earlier step), start, end, dur (the excess, µs), events (host
+    events recorded in it, pro rata), real_dur (less the profiler's cost for them, within the
+    real idle budget the gaps leave)."""
+    cols = ["step", "start", "end", "dur", "events", "real_dur"]
+    s = v.steps.sort_values("start", kind="stable") if len(v.steps) else v.steps
+    if len(s) < 3:  # one boundary: nothing to tell one-off from recurring work by
+        return pd.DataFrame(columns=cols)
+    lo, hi = s["end"].to_numpy(dtype=float)[:-1], s["start"].to_numpy(dtype=float)[1:]
+    hole = np.maximum(hi - lo, 0.0)
+    excess = hole - hole.min()
+    t = v.trace
+    starts = np.sort(np.r_[t.ops["ts"].to_numpy(dtype=float), t.runtime["ts"].to_numpy(dtype=float)])
+    n = (np.searchsorted(starts, hi) - np.searchsorted(starts, lo)) * excess / np.maximum(hole, 1e-9)
+    real = np.maximum(excess - v.event_cost_us * n, 0.0)
+    long = real >= HOST_WORK_MIN_US
+    if not long.any() or long.sum() >= 0.5 * len(s):
+        return pd.DataFrame(columns=cols)
+    if v.host_scale_known:  # the real idle per step cannot exceed real step − GPU busy (as for the gaps)
+        left = max(0.0, (v.real_step_us - v.busy_us) * v.n_steps - float(v.gaps["real_dur"].sum()) if len(v.gaps) else
+                   (v.real_step_us - v.busy_us) * v.n_steps)
+        total = float(real[long].sum())
+        if total > left:
+            real = real * (left / total)
+    return pd.DataFrame({"step": s["step"].to_numpy()[:-1][long], "start": hi[long] - excess[long], "end": hi[long],
+                         "dur": excess[long], "events": n[long], "real_dur": real[long]})
+
+
 def host_stall(analysis: Analysis) -> list[Candidate]:
     """One long idle gap inside one op or runtime call: named, with its duration."""
     out = []
     for v in views(analysis):
         g = _gaps(v, "stall")
-        if g.empty:
+        tails = step_tails(v)
+        if g.empty and tails.empty:
             continue
+        if g.empty:  # only a step-end stall: the frame may lack the classified columns
+            g = pd.DataFrame(columns=["step", "dur", "real_dur"], dtype=float)
         t = v.trace
-        inside = np.maximum(g["op_us"].to_numpy(), g["call_us"].to_numpy()) >= 0.5 * g["dur"].to_numpy()
-        op, call = _name(t.ops, g["op_row"].to_numpy()), _name(t.runtime, g["call_row"].to_numpy())
-        op[~inside], call[~inside] = None, None
-        # outside any op: name the stretch by the ops around it and the user's Python frame there
-        mid = (np.maximum(g["hole_start"].to_numpy(), g["start"].to_numpy())
-               + np.minimum(g["hole_end"].to_numpy(), g["end"].to_numpy())) / 2
-        frame = python_frames(t, g["launch_tid"].to_numpy(dtype=np.int64), mid)
-        after, before = _name(t.ops, g["prev_op"].to_numpy()), _name(t.ops, g["next_op"].to_numpy())
-        where = [None if ins else f"Python{' in `' + str(f) + '`' if f else ''} between `{a or '(step start)'}` "
-                 f"and `{b or '(trace end)'}`"
-                 for ins, f, a, b in zip(inside, frame, after, before)]  # one per stall: a handful
-        rows = pd.DataFrame({"step": g["step"].to_numpy(), "ms": g["dur"].to_numpy() / 1000.0, "op": op,
-                             "call": call, "call_ms": np.where(inside, g["call_us"].to_numpy() / 1000.0, 0.0),
-                             "python": where}).sort_values("ms", ascending=False)
+        rows = _stall_rows(v, g)
+        if len(tails):
+            tid = np.full(len(tails), _main_tid(v), dtype=np.int64)
+            tf = python_frames(t, tid, ((tails["start"] + tails["end"]) / 2).to_numpy(dtype=float))
+            after_step = pd.DataFrame({
+                "step": tails["step"].to_numpy(), "ms": tails["dur"].to_numpy(dtype=float) / 1000.0, "op": None,
+                "call": None, "call_ms": 0.0,
+                "python": [f"Python{' in `' + str(f) + '`' if f else ''} after the step's last GPU work, before the "
+                           "next step starts" for f in tf]})
+            rows = after_step if rows.empty else pd.concat([rows, after_step], ignore_index=True)
+        rows = rows.sort_values("ms", ascending=False)
         worst = rows.iloc[0]
         per_step = rows.groupby("step")["ms"].agg(["sum", "size"]).sort_values("sum", ascending=False)
         w_step, w_ms, w_n = int(per_step.index[0]), float(per_step["sum"].iloc[0]), int(per_step["size"].iloc[0])
@@ -197,6 +235,10 @@ def host_stall(analysis: Analysis) -> list[Candidate]:
                          "call_ms": round(float(r["call_ms"]), 3), "outside_ops": r["python"]}
                         for _, r in rows.head(5).iterrows()]
         ev["estimate"] = "the stalled gaps themselves: without the stall the GPU would not wait"
+        if len(tails):
+            ev["after_step_ms"] = {int(st): round(ms(float(d)), 3) for st, d in zip(tails["step"], tails["real_dur"])}
+            ev["estimate"] += ("; and the host's one-off work after the step's last GPU work, beyond the least any "
+                               "step boundary takes")
         out.append(Candidate(
             id="GP-STALL-001", category="host_stall",
             title=f"A {w_ms:.1f} ms host stall in step {w_step}: the GPU waits while the host is in {named}"
@@ -206,8 +248,39 @@ def host_stall(analysis: Analysis) -> list[Candidate]:
             recommendation=fix + "Move one-off host work out of the timed steps: save checkpoints asynchronously "
                                  "(`torch.distributed.checkpoint.async_save`) or less often, drop pauses and waits on "
                                  "locks/queues from the loop, and profile steady-state steps.",
-            units=gap_units(v.rank, g, g["real_dur"]), evidence=ev))
+            units={**gap_units(v.rank, g, g["real_dur"]),
+                   **{("tail", v.rank, int(st)): float(d) for st, d in zip(tails["step"], tails["real_dur"]) if d > 0}},
+            evidence=ev))
     return out
+
+
+def _stall_rows(v: RankView, g: pd.DataFrame) -> pd.DataFrame:
+    """One row per stalled gap: step, ms, the op and call it sat in (None outside any), the call's
+    ms, and where it is when outside every op (the ops around it, the user's Python frame)."""
+    cols = ["step", "ms", "op", "call", "call_ms", "python"]
+    if g.empty:
+        return pd.DataFrame(columns=cols)
+    t = v.trace
+    inside = np.maximum(g["op_us"].to_numpy(), g["call_us"].to_numpy()) >= 0.5 * g["dur"].to_numpy()
+    op, call = _name(t.ops, g["op_row"].to_numpy()), _name(t.runtime, g["call_row"].to_numpy())
+    op[~inside], call[~inside] = None, None
+    # outside any op: name the stretch by the ops around it and the user's Python frame there
+    mid = (np.maximum(g["hole_start"].to_numpy(), g["start"].to_numpy())
+           + np.minimum(g["hole_end"].to_numpy(), g["end"].to_numpy())) / 2
+    frame = python_frames(t, g["launch_tid"].to_numpy(dtype=np.int64), mid)
+    after, before = _name(t.ops, g["prev_op"].to_numpy()), _name(t.ops, g["next_op"].to_numpy())
+    where = [None if ins else f"Python{' in `' + str(f) + '`' if f else ''} between `{a or '(step start)'}` "
+             f"and `{b or '(trace end)'}`"
+             for ins, f, a, b in zip(inside, frame, after, before)]  # one per stall: a handful
+    return pd.DataFrame({"step": g["step"].to_numpy(), "ms": g["dur"].to_numpy() / 1000.0, "op": op,
+                         "call": call, "call_ms": np.where(inside, g["call_us"].to_numpy() / 1000.0, 0.0),
+                         "python": where})
+
+
+def _main_tid(v: RankView) -> int:
+    """The thread that launches most of the rank's GPU work (the training loop's)."""
+    tids, counts = np.unique(v.trace.runtime["tid"].to_numpy(dtype=np.int64), return_counts=True)
+    return int(tids[counts.argmax()]) if len(tids) else -1
 
 
 def _syncing_ops(v: RankView, rt: pd.DataFrame) -> pd.Series:

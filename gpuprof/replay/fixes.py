@@ -179,7 +179,32 @@ def apply(g: Graph, v: RankView, category: str, units: dict[tuple[Any, ...], flo
     if len(gi) and not v.gaps.empty:
         saved = np.fromiter((s for u, s in units.items() if u[0] == "gap"), float, len(gi))
         g = _gap_fix(g, v, category, gi, saved)
+    tails = {int(u[2]): s for u, s in units.items() if u[0] == "tail"}
+    if tails:
+        g = _tail_fix(g, v, tails)
     return g
+
+
+def _tail_fix(g: Graph, v: RankView, saved: dict[int, float]) -> Graph:
+    """Tail units ``("tail", rank, step)`` (``analyzers.host_gaps.step_tails``: one-off host work
+    after a step's last GPU work, before the next step starts): the host gaps overlapping that
+    stretch lose ``saved[step]`` µs, shared in proportion to their overlap with it."""
+    s = v.steps.sort_values("start", kind="stable")
+    nxt = dict(zip(s["step"].to_numpy()[:-1], s["start"].to_numpy(dtype=float)[1:]))
+    end = dict(zip(s["step"].to_numpy(), s["end"].to_numpy(dtype=float)))
+    i = g.ranks.index(v.rank)
+    mine = np.flatnonzero(g.h_rank == i)
+    ts = g.h_ts[mine] - g.rank_offset_us[i]
+    prev_end = np.r_[-np.inf, g.h_end[mine][:-1] - g.rank_offset_us[i]]
+    gap = g.h_gap.copy()
+    for step, us in saved.items():  # one per stalled step: a handful
+        if step not in nxt:
+            continue
+        overlap = np.maximum(np.minimum(ts, nxt[step]) - np.maximum(prev_end, end[step]), 0.0)
+        total = float(overlap.sum())
+        if total > 0:
+            gap[mine] -= np.minimum(us * overlap / total, np.maximum(gap[mine], 0.0))
+    return replace(g, h_gap=gap)
 
 
 def _fuse_runs(g: Graph, sel: np.ndarray, after_us: np.ndarray) -> Graph:
