@@ -18,7 +18,10 @@ the categories in ``REPLAY_USED``: the step replayed with and without the fix is
   (and the work that ended the gap) waited past a typical launch. Per fix: ``host_sync`` drops
   the waits and the op that fetched the value (its copy too); ``allocator_churn`` removes every
   allocator call of the steps and its wait; ``host_stall`` removes the GPU work launched during
-  the step's stalled stretch (the one-off work leaves the step).
+  the step's stalled stretch (the one-off work leaves the step);
+* tail units ``("tail", rank, step)`` (``host_stall``: one-off host work after the step's last GPU
+  work, before the next step starts, which no idle gap inside a step window holds): the host gaps
+  over that stretch lose the µs saved there.
 
 Cross-rank fixes (``exposed_communication``, ``rank_imbalance``) are not replayed here: a rank's
 analysis sees one rank's graph, and a collective's end depends on the other ranks' arrival.
