@@ -19,14 +19,24 @@ kernels in sample_traces/h200):
   statistics: ``SPLIT_MIN_EXTENT``) runs as a partial pass plus one final pass per output
   (Inductor's split reductions), so those add kernels.
 
-GPU: each fused kernel moves the bytes of its largest member at the roofline efficiency the run's
-kernels reach (time-weighted); a split pass costs the trace's median small fusible kernel.
-Host: each launched kernel keeps the host cost per kernel the eager step has (real step time ÷
-kernels per step: exact when the host bounds the step, an upper bound otherwise; on the real
-H200 pairs compiled code launched at 0.91-1.09x the eager cost per kernel). The step after is the
-longer of the GPU's busy time (plus the idle after host syncs, which stay) and the host's time for
-the kernels left; the saving is the real step minus that. Where syncs idle the GPU for a tenth of
-the step or more (``SYNC_SHARE``) host and GPU take turns and the estimate is low confidence.
+The fix is a replay transformation (gpuprof.replay.fixes, ``REGROUPING``; its replayed saving is
+the estimate, with the host floor and bounds every replayed fix gets):
+
+* GPU: each group becomes one kernel that moves the bytes of its largest member at the roofline
+  efficiency the run's kernels reach (time-weighted), where its first member ran; a split pass
+  takes the place of a kernel that would go and runs as long as the trace's median small fusible
+  kernel (:func:`inductor_plan`);
+* host: the kernels that go leave the host chain with their launches and the host work before
+  each, and the rest of the steps' host work outside the optimizer shrinks to the eager step's
+  host cost per launched kernel times the kernels kept (on the real H200 pairs compiled code
+  launched at 0.91-1.09x the eager cost per kernel: the Python and the ops that launch no kernel
+  go with the graph). Launches alone priced llama_bf16 at 13.5 ms of the realised 23.4
+  (docs/replay.md).
+
+The finding claims after the specific fusions (``priority_ms`` 0); a pair realises compile
+applied alone, which the replay prices on all its units (``estimated_saving_alone_ms``). Where
+syncs idle the GPU for a tenth of the step or more (``SYNC_SHARE``) host and GPU take turns and the
+estimate is low confidence.
 """
 
 from __future__ import annotations
@@ -60,8 +70,8 @@ SPLIT_MIN_EXTENT = 1024
 _PER_CHANNEL = {r"batch_norm": 2, r"group_norm_backward": 2}
 _REDUCE_OPS = ("aten::sum", "aten::mean", "aten::amax", "aten::amin", "aten::var", "aten::var_mean", "aten::std")
 MIN_RUN = 2
-#: Idle after host syncs above this share of the step: host and GPU take turns rather than
-#: overlap, so the step after compile is not max(GPU, host) and the estimate is low confidence.
+#: Idle after host syncs above this share of the step: host and GPU take turns, and when the host
+#: gets ahead again after each depends on the profiled host's timing: the estimate is low confidence.
 SYNC_SHARE = 0.1
 
 
@@ -135,27 +145,6 @@ def _split_kernels(ops: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     return per[codes]
 
 
-def gap_claims(v: RankView, inner: dict[Unit, float], want_us: float) -> dict[Unit, float]:
-    """``want_us`` (over all profiled steps) of launch-gap time: the runs' own inner gaps first,
-    then the step's other launch gaps, each at most its real (unprofiled) length."""
-    out: dict[Unit, float] = {}
-    left = want_us
-    for u, d in sorted(inner.items(), key=lambda x: -x[1]):
-        if left <= 0:
-            break
-        out[u] = min(d, left)
-        left -= out[u]
-    g = v.gaps
-    if left > 0 and len(g):
-        rest = g[g["cause"].isin(["launch", "other"]).to_numpy() & (g["real_dur"] > 0).to_numpy()]
-        keys = [("gap", v.rank, int(i)) for i in rest.index]
-        free = np.array([0.0 if k in out else float(d) for k, d in zip(keys, rest["real_dur"])])
-        if free.sum() > 0:
-            share = free * min(1.0, left / free.sum())
-            out.update({k: float(s) for k, s in zip(keys, share) if s > 0})
-    return out
-
-
 def _runs(v: RankView) -> pd.DataFrame:
     """The fusible kernels of one rank in runs (column ``run``) of ``MIN_RUN`` or more, with the
     iteration space of each (``numel``) and the roofline time used for fusion (``t_fuse_us``)."""
@@ -189,6 +178,22 @@ def _runs(v: RankView) -> pd.DataFrame:
     return out
 
 
+def _host_gap_units(v: RankView, share: float) -> dict[Unit, float]:
+    """The launch gaps of the steps outside the optimizer, each at ``share`` of its real length:
+    the host work the compiled model no longer does (its host chain shrinks by the share of
+    launches that go, gpuprof.replay.fixes), claimed so that no later finding counts it again."""
+    g = v.gaps
+    if g.empty or share <= 0:
+        return {}
+    opt = _outside_model(v)
+    nxt = g["next_row"].to_numpy()
+    in_opt = (g["next_kind"] == "kernel").to_numpy() & opt.reindex(nxt).fillna(False).to_numpy(dtype=bool)
+    m = (g["cause"].isin(["launch", "other"]).to_numpy() & (g["step"] >= 0).to_numpy() & ~in_opt
+         & (g["real_dur"] > 0).to_numpy())
+    sel = g[m]
+    return dict(zip((("gap", v.rank, int(i)) for i in sel.index), (sel["real_dur"] * share).tolist()))
+
+
 def _outside_model(v: RankView) -> pd.Series:
     """Kernels launched by the optimizer (``Optimizer.step#``/``Optimizer.zero_grad#`` spans):
     ``torch.compile(model)`` leaves them as they are."""
@@ -205,62 +210,90 @@ def _outside_model(v: RankView) -> pd.Series:
     return pd.Series(inside, index=k.index)
 
 
+def inductor_plan(v: RankView) -> pd.DataFrame:
+    """What Inductor makes of the rank's fusible runs, per kernel (indexed by kernel row, in
+    stream order): ``run``; ``group``, the kernel it fuses into (one per iteration space in its
+    run, -1 for a kernel that stays a kernel: a group of one, or a slot for a split-reduction
+    pass); ``after_us``, its share of the fused kernel's time (the group's time spread over its
+    members by duration; a slot's time is the pass's, a group of one keeps its own); and
+    ``first``, whether it is the kernel its group's fused kernel takes the place of. The fix's
+    replay (gpuprof.replay.fixes) runs each group as one kernel of its members' ``after_us``,
+    drops the other members' launches and the host work before them, and keeps the slots'."""
+    kk = _runs(v)
+    cols = {"run": np.int64, "group": np.int64, "after_us": np.float64, "first": bool, "numel": np.float64,
+            "dur": np.float64}
+    if kk.empty:
+        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in cols.items()})
+    dur = kk["dur"].to_numpy(dtype=float)
+    g = kk.groupby(["run", "numel"], sort=False)
+    group = g.ngroup().to_numpy()
+    size = np.bincount(group)[group]
+    run_g = kk.groupby("run")
+    eff = (run_g["t_fuse_us"].transform("sum") / run_g["dur"].transform("sum")).clip(1e-3, 1.0).to_numpy()
+    fused = g["t_fuse_us"].transform("max").to_numpy() / eff
+    first = ~pd.Series(group).duplicated().to_numpy()
+    # Inductor's split reductions add a final pass per output of a long reduction: each op's
+    # passes (counted once per op) take the place of the run's last kernels that would go, which
+    # keep their launch and run as long as a small fusible kernel of this trace
+    passes = _split_kernels(v.trace.ops, kk["op"].to_numpy())
+    op = kk["op"].to_numpy()
+    uniq = np.unique(op[(op >= 0) & (op < len(v.trace.ops))])
+    per_op = pd.Series(passes, index=uniq) if len(uniq) else pd.Series(dtype=np.float64)
+    once = (op >= 0) & ~pd.Series(op).duplicated().to_numpy()
+    extra = np.where(once, per_op.reindex(op).fillna(0.0).to_numpy(), 0.0)
+    run = kk["run"].to_numpy()
+    want = pd.Series(extra).groupby(run).transform("sum").to_numpy()
+    goes = (size > 1) & ~first
+    # rank of each kernel that would go among its run's, counted from the run's end
+    from_end = pd.Series(goes[::-1].astype(np.int64)).groupby(run[::-1]).cumsum().to_numpy()[::-1]
+    slot = goes & (from_end <= want)
+    small = kk.loc[kk["bound"].astype(str) == "latency", "dur"]
+    small_us = float(small.median()) if len(small) else float(kk["dur"].min())
+    member = (size > 1) & ~slot
+    member_dur = pd.Series(np.where(member, dur, 0.0)).groupby(group).transform("sum").to_numpy()
+    after = np.where(member, fused * dur / np.maximum(member_dur, 1e-9), np.where(slot, small_us, dur))
+    out = pd.DataFrame({"run": run, "group": np.where(member, group, -1), "after_us": after, "first": first & member,
+                        "numel": kk["numel"].to_numpy(dtype=float), "dur": dur}, index=kk.index)
+    return out
+
+
 def run(analysis: Analysis) -> list[Candidate]:
     out = []
     for v in views(analysis):
         # a trace that records graph capture is not a steady state: its host time is capture's
         if v.kernels.empty or already_compiled(v) or graph_capture_calls(v.trace):
             continue
-        kk = _runs(v)
-        if kk.empty:
+        plan = inductor_plan(v)
+        if plan.empty:
             continue
+        kk = v.kernels.loc[plan.index]
         n = v.n_steps
-        g = kk.groupby(["run", "numel"], sort=False)
-        size = g["dur"].transform("size").to_numpy()
-        run_g = kk.groupby("run")
-        eff = (run_g["t_fuse_us"].transform("sum") / run_g["dur"].transform("sum")).clip(1e-3, 1.0).to_numpy()
-        fused = (g["t_fuse_us"].transform("max").to_numpy() / eff)
-        total = g["dur"].transform("sum").to_numpy()
-        # a group of one kernel stays as it is; a group of several becomes one kernel
-        keep = np.where(size > 1, np.clip(1.0 - fused / np.maximum(total, 1e-9), 0.0, 1.0), 0.0)
-        gpu_saved = kk["dur"].to_numpy() * keep
-        extra = _split_kernels(v.trace.ops, kk["op"].to_numpy())
-        small = kk.loc[kk["bound"].astype(str) == "latency", "dur"]
-        small_us = float(small.median()) if len(small) else float(kk["dur"].min())
-        n_groups = g.ngroups
-        counted = ~in_graph(v.kernels)
-        kernels = float(counted.sum()) / n
-        removed = (len(kk) - n_groups - float(extra.sum())) / n
-        after_k = kernels - removed
-        gpu_us = float(gpu_saved.sum()) / n - float(extra.sum()) * small_us / n
+        member = (plan["group"] >= 0).to_numpy()
+        slot = (plan["group"] < 0).to_numpy() & (plan["after_us"] != plan["dur"]).to_numpy()
+        goes = member & ~plan["first"].to_numpy()
+        touched = member | slot
+        dur, after = plan["dur"].to_numpy(), plan["after_us"].to_numpy()
+        removed = float(goes.sum()) / n
+        kernels = float((~in_graph(v.kernels)).sum()) / n
+        gpu_us = float((dur - after)[touched].sum()) / n
         if gpu_us <= 0 and removed <= 0:
             continue
-        host_per_kernel = v.real_step_us / kernels if kernels else 0.0
-        host_after = host_per_kernel * after_k
-        # the program's host syncs stay: the GPU still idles while the host refills after each
+        # the fix's units: every kernel it changes (0 µs where the GPU gains nothing: the
+        # kernel still changes, its launch goes) and the launch gaps before the kernels that go;
+        # the replay of the Inductor kernels (gpuprof.replay.fixes) is the estimate
+        rows = plan.index[touched]
+        units: dict[Unit, float] = dict(zip((("k", v.rank, int(r)) for r in rows),
+                                            np.maximum(dur - after, 0.0)[touched].tolist()))
+        units.update(_host_gap_units(v, 1.0 - (kernels - removed) / kernels if kernels else 0.0))
+        n_runs = plan["run"].nunique() / n
         gaps = v.gaps
         sync_idle = float(gaps.loc[(gaps["cause"] == "sync").to_numpy(), "real_dur"].sum()) / n if len(gaps) else 0.0
-        gpu_after = v.busy_us - gpu_us + sync_idle
-        after = max(gpu_after, host_after)
-        saving = max(0.0, min(v.real_step_us - after, max(gpu_us, 0.0) + max(0.0, v.real_step_us - v.busy_us)))
-        if saving <= 0:
-            continue
-        gpu_pos = max(gpu_us, 0.0)
-        firsts = kk.groupby("run").head(1).index
-        if saving <= gpu_pos:
-            # the GPU bounds the step after: the step shortens by part of what its kernels save
-            units = v.kernel_units(kk.index, gpu_saved * (saving / gpu_pos if gpu_pos else 0.0))
-        else:
-            units = {**v.kernel_units(kk.index, gpu_saved * (gpu_pos * n / max(float(gpu_saved.sum()), 1e-9))),
-                     **gap_claims(v, v.inner_gap_units(kk.index, exclude_first=firsts), (saving - gpu_pos) * n)}
-        n_runs = kk["run"].nunique() / n
-        host_bound = host_after >= gpu_after
         out.append(Candidate(
             id="GP-COMPILE-001", category="compile",
             title=f"torch.compile would fuse {n_runs:.0f} kernel runs per step and remove {removed:.0f} of "
-                  f"{kernels:.0f} kernel launches: about {ms(saving):.1f} ms per step applied alone, the step then "
-                  f"bound by its {'host' if host_bound else 'GPU'} at {ms(after):.1f} ms",
-            # syncs serialise host and GPU, which the max(GPU, host) step does not model
+                  f"{kernels:.0f} kernel launches, with the host work before each",
+            # syncs serialise host and GPU: what the launches removed save depends on when the
+            # host gets ahead again, which the profiled host's timing decides
             confidence="low" if sync_idle >= SYNC_SHARE * v.real_step_us else v.host_confidence("medium"),
             recommendation="Compile the model: `model = torch.compile(model)` (train step unchanged; the optimizer "
                            "stays eager, `AdamW(fused=True)` covers it). Inductor fuses norms, activations, residual "
@@ -268,24 +301,20 @@ def run(analysis: Analysis) -> list[Candidate]:
                            "and Python dispatch. Warm up before timing (the first steps compile), check "
                            "`TORCH_LOGS=graph_breaks` for breaks, and keep shapes static (or `dynamic=False`).",
             units=units,
-            priority_ms=0.0,
+            priority_ms=0.0,  # claims after the specific fusions: its saving alone is priced on all its units
             evidence={
                 "rank": v.rank, "runs_per_step": round(n_runs, 1),
-                "fusible_kernels_per_step": round(len(kk) / n, 1),
-                "kernels_per_step": round(kernels, 1), "kernels_after_per_step": round(after_k, 1),
-                "split_reduction_kernels_per_step": round(float(extra.sum()) / n, 1),
-                "fusible_ms_per_step": round(ms(float(kk["dur"].sum())) / n, 3),
+                "fusible_kernels_per_step": round(len(plan) / n, 1),
+                "kernels_per_step": round(kernels, 1), "kernels_after_per_step": round(kernels - removed, 1),
+                "split_reduction_kernels_per_step": round(float(slot.sum()) / n, 1),
+                "fusible_ms_per_step": round(ms(float(dur.sum())) / n, 3),
                 "gpu_ms_saved_per_step": round(ms(gpu_us), 3),
-                "gpu_path_ms_after": round(ms(gpu_after), 3),
-                "host_us_per_kernel": round(host_per_kernel, 2), "host_ms_after": round(ms(host_after), 3),
-                "step_ms_after_estimated": round(ms(after), 3), "bound_after": "host" if host_bound else "gpu",
                 "sync_idle_ms_per_step": round(ms(sync_idle), 3),
-                "estimated_saving_alone_ms": round(ms(saving), 3),
                 "ops": kk["op_name"].astype(str).value_counts().head(8).to_dict(), "kernels": top_names(kk),
                 "estimate": "Inductor's kernels per run: one per iteration space, plus a pass per output of a "
-                            "split reduction; a fused kernel moves its largest member's bytes at the run's "
-                            "achieved roofline efficiency; the host keeps its cost per launched kernel; the step "
-                            "after is the longer of GPU and host time",
+                            "split reduction (in place of kernels that would go); a fused kernel moves its largest "
+                            "member's bytes at the run's achieved roofline efficiency; the launches of the kernels "
+                            "that go and the host work before each leave the host chain",
             },
         ))
     return out

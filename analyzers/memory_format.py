@@ -17,11 +17,12 @@ norm the measured layout table (``benchmarks/layout_table.py``: channels-last ov
 ``gpuprof/data/h200_layout_table.json`` once measured); otherwise it is reported (with what it
 would be at the roofline, an upper bound) but not claimed.
 
-The step after is the longer of the GPU's busy time less those kernel savings and the host's time
-less the launches that go (transforms and conversions, each at the host's cost per launched
-kernel, real step ÷ kernels per step), as for compile: on a host-bound CNN (ConvNeXt-T, GPU busy
-26 of 34 ms) the GPU saving is hidden and the launches are what shortens the step; on a GPU-bound
-one (ResNet-50 NCHW) the GPU saving is, up to the host's floor.
+The fix is a replay transformation (gpuprof.replay.fixes; its replayed saving is the estimate, with
+the host floor and bounds every replayed fix gets): the transforms and conversion copies go with
+their launches and the host work before each, and the NCHW kernels run at their channels-last
+time. On a host-bound CNN (ConvNeXt-T, GPU busy 26 of 34 ms) the GPU saving is hidden and the
+launches that go are what shortens the step; on a GPU-bound one (ResNet-50 NCHW) the GPU saving
+is, up to the host's floor.
 """
 
 from __future__ import annotations
@@ -34,8 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from gpuprof.analyzers._base import Candidate, gpu_side_confidence, in_graph, ms, per_shape, top_names, views
-from gpuprof.analyzers.compile_fusion import gap_claims
+from gpuprof.analyzers._base import Candidate, gpu_side_confidence, ms, per_shape, top_names, views
 
 from gpuprof.roofline import per_name
 
@@ -190,30 +190,16 @@ def run(analysis: Analysis) -> list[Candidate]:
         saved = np.r_[saved, conv["dur"].to_numpy(dtype=float)]
         n = v.n_steps
         gone = pd.concat([xf, conv])
-        kernel_units = v.kernel_units(rows.index, saved)
-        inner = v.inner_gap_units(gone.index)
+        # the fix's units: the kernels that go (their launches and the host work before each go
+        # with them in the replay), the NCHW kernels at their channels-last time, and the launch
+        # gaps before the kernels that go; the replay of those (gpuprof.replay.fixes) is the estimate
+        units = {**v.kernel_units(rows.index, saved), **v.inner_gap_units(gone.index)}
         g_k = float(np.sum(saved)) / n
-        g_gap = sum(inner.values()) / n
-        # the host: every launch that goes saves its share of the host's time per step
-        kernels = float((~in_graph(v.kernels)).sum()) / n
-        host_per_kernel = v.real_step_us / kernels if kernels else 0.0
-        host_saved = host_per_kernel * len(gone) / n
-        gpu_after = v.busy_us - g_k
-        host_after = v.real_step_us - host_saved
-        after = max(gpu_after, host_after)
-        saving = max(0.0, min(v.real_step_us - after, g_k + g_gap + max(0.0, v.real_step_us - v.busy_us)))
-        if saving <= 0:
+        if not units:
             continue
-        if saving <= g_k + g_gap:
-            scale = saving / (g_k + g_gap)
-            units = {u: x * scale for u, x in {**kernel_units, **inner}.items()}
-        else:
-            units = {**kernel_units, **gap_claims(v, inner, (saving - g_k) * n)}
-        host_bound = host_after > gpu_after
-        # beyond the kernels and the gaps before them, the saving is host time (idle that goes)
-        on_host = host_bound or saving > g_k + g_gap
-        confidence = v.host_confidence("medium") if on_host else gpu_side_confidence(v, saving)[0]
-        idle_ms = gpu_side_confidence(v, saving)[1]
+        confidence, idle_ms = gpu_side_confidence(v, g_k)
+        if confidence == "medium":  # host-bound: the launches that go are the saving, a host-side figure
+            confidence = v.host_confidence("medium")
         out.append(Candidate(
             id="GP-MEMFMT-001", category="memory_format",
             title=f"Convolutions run in NCHW: {ms(xf['dur'].sum()) / n:.2f} ms per step of cuDNN layout "
@@ -232,17 +218,14 @@ def run(analysis: Analysis) -> list[Candidate]:
                 "nchw_kernels_extra_saving_at_roofline_ms_per_step": round(ms(at_roof) / n, 3),
                 "nchw_kernels_priced": how,
                 "gpu_ms_saved_per_step": round(ms(g_k), 3),
-                "host_us_per_kernel": round(host_per_kernel, 2),
-                "host_ms_saved_per_step": round(ms(host_saved), 3),
-                "gpu_busy_ms_after": round(ms(gpu_after), 3), "host_ms_after": round(ms(host_after), 3),
-                "step_ms_after_estimated": round(ms(after), 3), "bound_after": "host" if host_bound else "gpu",
+                "launches_removed_per_step": round(len(gone) / n, 1),
                 "gpu_idle_ms_per_step": idle_ms,
                 "transform_kernels": top_names(xf) if len(xf) else [],
                 "nchw_kernels": top_names(slow) if len(slow) else [],
                 "conversion_kernels": top_names(conv) if len(conv) else [],
                 "estimate": "the layout transforms, NCHW/NHWC copies and the launch gaps before them go; NCHW "
-                            f"batch-norm/pooling kernels: {how}; the host saves its cost per launch for each "
-                            "kernel that goes; the step after is the longer of GPU and host time",
+                            f"batch-norm/pooling kernels: {how}; the launches of the kernels that go and the host work before "
+                            "each leave the host chain",
             },
         ))
     return out

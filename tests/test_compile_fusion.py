@@ -1,7 +1,7 @@
 """Issue #12 item 4, what torch.compile realises, on real H200 eager/compiled twins
 (sample_traces/h200/depth_pairs.json, class "what torch.compile realises"): the eager trace raises
 the compile finding (first where compile is the biggest realised fix), its estimate of compile
-applied alone is within ±20 % of the realised saving (the ResNet-50 pair, whose saving is smaller
+applied alone (replayed: gpuprof.replay.fixes) is within ±20 % of the realised saving (the ResNet-50 pair, whose saving is smaller
 than its timing noise: widened by that noise), and the compiled twin never raises it.
 Realised savings are differences of unprofiled step times (sample_traces/h200/timings). Plus
 unit tests of the Inductor model on synthetic traces built here."""
@@ -76,7 +76,8 @@ def test_compile_estimate_matches_what_compile_realised(bad: str, good: str) -> 
     assert f.estimated_savings_ms <= alone + 1e-6
     ev = f.evidence
     assert ev["kernels_after_per_step"] < ev["kernels_per_step"]
-    assert ev["step_ms_after_estimated"] == pytest.approx(max(ev["gpu_path_ms_after"], ev["host_ms_after"]), abs=2e-3)
+    # one way to estimate: the replay of the Inductor kernels and the compiled host, both figures
+    assert ev["estimate"] == "replay" and ev["replay_before_ms"] > ev["replay_after_ms"]
 
 
 def test_kernel_count_after_compile_matches_the_compiled_twins() -> None:
@@ -153,7 +154,12 @@ def test_synthetic_run_fuses_per_iteration_space(tmp_path: Path) -> None:
     ev = f.evidence
     # the four activation ops become one kernel; the weight's cast stays its own kernel
     assert ev["kernels_per_step"] == 7 and ev["kernels_after_per_step"] == 4
-    assert ev["bound_after"] == "host" and ev["host_ms_after"] == pytest.approx(0.8 * 4 / 7, rel=1e-3)
+    # the step is bound by its host: the replayed host keeps its cost per kernel for the 4 of 7
+    # kernels left, so the step shortens by most of the host's 3/7 (not all: the last kernel's
+    # latency and run after the last launch stay) and by no more than that plus the GPU's saving
+    assert ev["estimate"] == "replay"
+    host_share = 0.8 * 3 / 7
+    assert 0.5 * host_share < f.estimated_savings_ms <= host_share + ev["gpu_ms_saved_per_step"], f.estimated_savings_ms
 
 
 @pytest.mark.parametrize("kernel,span", [("triton_poi_fused_add_mul_0", None),

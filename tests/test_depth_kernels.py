@@ -220,8 +220,11 @@ def test_memory_format_prices_batch_norm_by_the_measured_layout_table() -> None:
 def test_memory_format_conversion_copies_and_host_floor() -> None:
     """ConvNeXt-T permutes NCHW activations to NHWC for LayerNorm/Linear and back: those copies go
     with channels_last, and the two real traces differ by them, the 3 cuDNN transforms and the stem
-    conv (0.48 ms of GPU time). ResNet-50's twin is bound by its host: the estimate's step after is
-    the longer of GPU and host time, within ±20 % of the realised saving."""
+    conv (0.48 ms of GPU time); ConvNeXt-T is bound by its host, so the replayed saving is at most
+    the GPU's plus the launches that go. ResNet-50's twin is bound by its host: the replay prices the
+    fix up to that host floor. It lands below the realised saving: the trace prices the NCHW batch
+    norm at 2.3 ms per step of the 8.0 ms the twins' norm kernels differ by, and cuDNN's NHWC
+    convolutions ran 0.8 ms faster, which nothing in the NCHW trace measures."""
     from gpuprof.analyzers.memory_format import _is_conversion
 
     nhwc, permuted = [301056, 5376, 96, 1], [301056, 56, 1, 3136]
@@ -233,11 +236,14 @@ def test_memory_format_conversion_copies_and_host_floor() -> None:
     assert f is not None and f.evidence["layout_conversion_copies_per_step"] > 0
     gpu_side = gpu_busy_ms("convnext_tiny_bf16_nchw") - gpu_busy_ms("convnext_tiny_bf16_cl")
     assert f.evidence["gpu_ms_saved_per_step"] == pytest.approx(gpu_side, rel=0.25)
-    assert f.evidence["bound_after"] == "host" and f.estimated_savings_ms <= f.evidence["gpu_ms_saved_per_step"] + \
-        f.evidence["host_ms_saved_per_step"]
+    assert f.evidence["estimate"] == "replay"
+    cx = analysis("convnext_tiny_bf16_nchw")
+    per_step = float((cx.kernels["step"] >= 0).sum()) / cx.summary["steps"]
+    # the launches that go, each at the host's mean cost per launched kernel of the real step
+    launches = f.evidence["launches_removed_per_step"] * cx.summary["unprofiled_step_time_ms"] / per_step
+    assert 0 < f.estimated_savings_ms <= f.evidence["gpu_ms_saved_per_step"] + launches
     r = finding("resnet50_bf16_nchw", "memory_format")
     assert r is not None and r.evidence["layout_conversion_copies_per_step"] == 0
     realised = step_ms("resnet50_bf16_nchw") - step_ms("resnet50_bf16_cl")
-    assert r.estimated_savings_ms == pytest.approx(realised, rel=0.2)
-    assert r.evidence["step_ms_after_estimated"] == pytest.approx(
-        max(r.evidence["gpu_busy_ms_after"], r.evidence["host_ms_after"]), abs=2e-3)
+    assert r.evidence["estimate"] == "replay"
+    assert 0.75 * realised <= r.estimated_savings_ms <= realised, (r.estimated_savings_ms, realised)

@@ -8,7 +8,12 @@ the categories in ``REPLAY_USED``: the step replayed with and without the fix is
 * kernel units ``("k", rank, row)``: that kernel runs ``(dur − saved) / dur`` as long; one the fix
   does away with (``saved >= dur``: a layout transpose) goes with its launch. For a fusion
   (``FUSING``) each run of claimed kernels back to back on one stream becomes one kernel of the
-  run's new time, and the other kernels' launches and the host work before them go;
+  run's new time, and the other kernels' launches and the host work before them go. ``compile``
+  (``REGROUPING``) regroups its kernels as the analyzer models Inductor (one kernel per iteration
+  space of a run, split-reduction passes in place of kernels that go:
+  :func:`gpuprof.analyzers.compile_fusion.inductor_plan`), and its host chain keeps the eager host
+  cost per launched kernel for the kernels left (its gap units claim that host work; they are not
+  replayed one by one);
 * copy units ``("m", rank, row)`` (pageable copies): the copy at its saved duration and its
   launch call no longer waits for it (pinned memory, ``non_blocking=True``);
 * gap units ``("gap", rank, i)`` (row ``i`` of the rank's classified idle gaps): the host work
@@ -61,7 +66,7 @@ if TYPE_CHECKING:
 REPLAY_USED: frozenset[str] = frozenset({
     "precision", "shape_alignment", "attention_fusion", "elementwise_fusion", "optimizer_fusion",
     "launch_overhead", "input_pipeline", "pageable_memcpy", "memory_format",
-    "allocator_churn", "host_stall",
+    "allocator_churn", "host_stall", "compile",
 })
 #: Why a priced category's replay is not its estimate.
 PRICED_NOT_USED_WHY = {
@@ -81,11 +86,16 @@ DEFAULT_WHY = "replay was not closer to the realised saving than this estimate o
 #: Why a finding of a replayed category kept the sum of its claims: the rank had no graph to replay.
 NO_GRAPH_WHY = "no dependency graph to replay on this rank (no runtime calls or GPU work, or the replay failed)"
 #: Fixes of the GPU's own work: on a bare trace their replay is the estimate (between the host floor
-#: and no host); host-side fixes there keep their deflated gaps (``BARE_HOST_WHY``).
-GPU_SIDE = frozenset({"precision", "shape_alignment", "attention_fusion", "elementwise_fusion", "optimizer_fusion",
+#: and no host); host-side fixes there keep their deflated gaps (``BARE_HOST_WHY``). compile counts
+#: here: its host change follows the kernels it removes (no claimed gap is its estimate).
+GPU_SIDE = frozenset({"compile", "precision", "shape_alignment", "attention_fusion", "elementwise_fusion",
+                      "optimizer_fusion",
                       "memory_format", "pageable_memcpy", "memory_bound_decode", "gpu_throttling"})
 #: Fixes that fuse their kernels: each run of claimed kernels becomes one kernel (one launch).
 FUSING = frozenset({"elementwise_fusion", "optimizer_fusion", "attention_fusion"})
+#: Fixes that regroup their kernels as the analyzer models them (``torch.compile``: several
+#: Inductor kernels per run, one per iteration space, plus split-reduction passes).
+REGROUPING = frozenset({"compile"})
 
 
 @dataclass(frozen=True)
@@ -106,6 +116,10 @@ class Plan:
     floor_us: float = 0.0  # the profiler's cost per recorded event taken out of ``graph``
     real_known: bool = False  # whether the unprofiled step time was given (the replay is calibrated to it)
     cache: dict[tuple[Any, ...], float] = field(default_factory=dict)
+    #: Findings that claim after every specific one by design (``priority_ms`` 0: compile, which
+    #: covers the fusions' kernels too) with all the units they asked for: a pair realises such a
+    #: fix applied alone, so that is priced too (``estimated_saving_alone_ms``)
+    alone: dict[str, dict[tuple[Any, ...], float]] = field(default_factory=dict)
 
     def applied(self, ids: Sequence[str], free: bool = False) -> Graph:
         g = self.free_graph if free and self.free_graph is not None else self.graph
@@ -145,6 +159,16 @@ class Plan:
             out.append(self.cache[(free, *key)])
         return out[0], out[1]
 
+    def alone_bounds_ms(self, i: str) -> tuple[float, float]:
+        """:meth:`bounds_ms` of finding ``i`` applied alone with every unit it asked for."""
+        out = []
+        for g in (self.graph, self.free_graph if self.free_graph is not None else self.graph):
+            if ("alone", g is self.graph, i) not in self.cache:
+                self.cache[("alone", g is self.graph, i)] = steady_ms(apply(g, self.view, self.categories[i],
+                                                                            self.alone[i]))
+            out.append(self.cache[("alone", g is self.graph, i)])
+        return out[0], out[1]
+
     def after_ms(self, ids: Sequence[str]) -> float:
         """Replayed steady-state step time with the fixes of ``ids`` applied together: the middle
         of its two bounds where the unprofiled host is not identified (:meth:`bounds_ms`)."""
@@ -163,7 +187,9 @@ def apply(g: Graph, v: RankView, category: str, units: dict[tuple[Any, ...], flo
         fac = np.ones(len(dur))
         fac[k_rows] = np.clip((dur[k_rows] - saved) / np.maximum(dur[k_rows], 1e-9), 0.0, 1.0)
         sel = tf.activities_of(g, rank, "kernel", k_rows)
-        if category in FUSING:
+        if category in REGROUPING:
+            g = _inductor(g, v, sel)
+        elif category in FUSING:
             g = _fuse_runs(g, sel, g.a_dur * fac[np.minimum(g.a_row, len(fac) - 1)] if len(fac) else g.a_dur)
         else:
             g = tf.set_durations(g, sel, g.a_dur[sel] * fac[g.a_row[sel]])
@@ -179,7 +205,8 @@ def apply(g: Graph, v: RankView, category: str, units: dict[tuple[Any, ...], flo
         g = tf.set_durations(g, sel, d[g.a_row[sel]])
         g = tf.drop_waits(g, tf.launches_of(g, sel))
     gi = np.fromiter((u[2] for u in units if u[0] == "gap"), np.int64)
-    if len(gi) and not v.gaps.empty:
+    # a regrouping fix's gaps are the host work its own host model takes out (its claim)
+    if len(gi) and not v.gaps.empty and category not in REGROUPING:
         saved = np.fromiter((s for u, s in units.items() if u[0] == "gap"), float, len(gi))
         g = _gap_fix(g, v, category, gi, saved)
     tails = {int(u[2]): s for u, s in units.items() if u[0] == "tail"}
@@ -229,6 +256,77 @@ def _fuse_runs(g: Graph, sel: np.ndarray, after_us: np.ndarray) -> Graph:
     first[idx[brk]] = True
     g = tf.remove_activities(g, sel & ~first)
     return tf.set_durations(g, first, dur)
+
+
+def _inductor(g: Graph, v: RankView, sel: np.ndarray) -> Graph:
+    """``torch.compile``'s kernels in place of the selected ones (the finding's kept kernels):
+    each group of :func:`gpuprof.analyzers.compile_fusion.inductor_plan` (one iteration space of
+    a fusible run) becomes one kernel where its first kept member ran, as long as its kept members'
+    share of the fused time; its other members go with their launches and the host work before
+    each (the ops Inductor's kernel no longer dispatches); a split-reduction pass's slot stays a
+    kernel, launched as before, at the pass's time. A member another finding claimed first stays
+    as it ran."""
+    from gpuprof.analyzers.compile_fusion import inductor_plan
+
+    plan = _inductor_plans.get(id(v))
+    if plan is None or plan[0]() is not v:
+        plan = (weakref.ref(v), inductor_plan(v))
+        _inductor_plans.clear()
+        _inductor_plans[id(v)] = plan
+    ip = plan[1]
+    idx = np.flatnonzero(sel)  # activities in (rank, stream, start) order
+    rows = g.a_row[idx]
+    known = ip.index.isin(rows)
+    sub = ip[known]
+    at = pd.Series(np.arange(len(idx)), index=rows)
+    pos = at.reindex(sub.index).to_numpy()
+    grp = sub["group"].to_numpy()
+    after = sub["after_us"].to_numpy(dtype=float)
+    acts = idx[pos]
+    dur = g.a_dur.copy()
+    member = grp >= 0
+    dur[acts[~member]] = after[~member]  # the split passes' slots
+    # the group's kernel takes the place of its first kept member
+    order = np.argsort(acts[member], kind="stable")
+    m_acts, m_grp, m_after = acts[member][order], grp[member][order], after[member][order]
+    lead = ~pd.Series(m_grp).duplicated().to_numpy()
+    total = pd.Series(m_after).groupby(m_grp).sum()
+    dur[m_acts[lead]] = total.reindex(m_grp[lead]).to_numpy()
+    g = tf.set_durations(g, np.ones(g.n_acts, dtype=bool), dur)
+    gone = np.zeros(g.n_acts, dtype=bool)
+    gone[m_acts[~lead]] = True
+    return _compiled_host(g, tf.remove_activities(g, gone), v, gone)
+
+
+def _compiled_host(before: Graph, g: Graph, v: RankView, gone: np.ndarray) -> Graph:
+    """The compiled model's host: Inductor's wrapper launches each kernel it keeps at the eager
+    step's host cost per launched kernel (the compiled twins launched at 0.91-1.09x it:
+    gpuprof.analyzers.compile_fusion), so the host time of the steps outside the optimizer
+    (``torch.compile(model)`` leaves ``optimizer.step()`` eager) shrinks to that share of its
+    kernels kept: the launches that went took the host work before each with them, and the
+    rest (the Python and the ops that launch no kernel, which the compiled graph no longer runs)
+    shrinks by what is left to take."""
+    i = g.ranks.index(v.rank)
+    a = v.trace.annotations
+    names = a["name"].astype(str)
+    opt = a[~a["on_gpu"] & (names.str.startswith("Optimizer.step#") | names.str.startswith("Optimizer.zero_grad#"))]
+    spans = list(zip(opt["ts"].to_numpy(dtype=float), opt["end"].to_numpy(dtype=float), opt["tid"].to_numpy()))
+    region = (g.h_rank == i) & (g.h_step >= 0) & ~tf.calls_within(g, v.rank, v.trace.runtime["tid"].to_numpy(), spans)
+    launched = (g.a_launch >= 0) & (g.a_kind == 0)
+    in_region = launched & region[np.maximum(g.a_launch, 0)]
+    k_all = float(in_region.sum())
+    k_gone = float((in_region & gone).sum())
+    if k_all <= 0:
+        return g
+    went = tf.launches_of(g, gone)
+    total = float((np.maximum(before.h_gap, 0.0) + before.h_dur)[region].sum())
+    left = float((np.maximum(g.h_gap, 0.0) + g.h_dur)[region & ~went].sum())
+    target = total * (k_all - k_gone) / k_all
+    f = min(1.0, target / left) if left > 0 else 1.0
+    return tf.shrink_host(g, region & ~went, f)
+
+
+_inductor_plans: dict[int, tuple[weakref.ref[Any], pd.DataFrame]] = {}
 
 
 def _gap_fix(g: Graph, v: RankView, category: str, gi: np.ndarray, saved: np.ndarray) -> Graph:
@@ -374,6 +472,7 @@ def plan(v: RankView, kept: Sequence[tuple[Candidate, dict[tuple[Any, ...], floa
     except GpuprofError:
         return None
     units: dict[str, dict[tuple[Any, ...], float]] = {}
+    alone: dict[str, dict[tuple[Any, ...], float]] = {}
     cats: dict[str, str] = {}
     conf: dict[str, str] = {}
     for c, u in kept:
@@ -381,7 +480,9 @@ def plan(v: RankView, kept: Sequence[tuple[Candidate, dict[tuple[Any, ...], floa
             continue
         units.setdefault(c.id, {}).update(u)
         cats[c.id], conf[c.id] = c.category, c.confidence
-    p = Plan(g, v, units, cats, conf, 0.0, raw, free, hb.floor_us, bool(real_step_ms))
+        if c.priority_ms == 0.0 and len(u) < len(c.units):
+            alone.setdefault(c.id, {}).update(c.units)
+    p = Plan(g, v, units, cats, conf, 0.0, raw, free, hb.floor_us, bool(real_step_ms), alone=alone)
     try:
         before = p.after_ms([])
     except GpuprofError:
@@ -433,6 +534,12 @@ def price(p: Plan, n_steps: int, step_ms: float) -> dict[str, dict[str, Any]]:
         pairs = [(b_floor, a_floor), (b_free, a_free)]
         savings = [max(b - a, 0.0) * (step_ms / b if p.real_known and b > 0 else 1.0) for b, a in pairs]
         saved = 0.5 * (savings[0] + savings[1])
+        if i in p.alone and p.categories[i] in REPLAY_USED:
+            pairs_alone = list(zip((b_floor, b_free), p.alone_bounds_ms(i)))
+            ev["estimated_saving_alone_ms"] = round(0.5 * sum(
+                max(b - a, 0.0) * (step_ms / b if p.real_known and b > 0 else 1.0) for b, a in pairs_alone), 4)
+        elif i in p.alone or p.categories[i] in REGROUPING:
+            ev["estimated_saving_alone_ms"] = round(saved, 4)
         if p.free_graph is not None:
             ev["replay_saving_bounds_ms"] = {"host_floor": round(savings[0], 4), "no_host": round(savings[1], 4)}
             ev["host_floor_us_per_event"] = round(p.floor_us, 3)
