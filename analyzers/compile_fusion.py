@@ -234,7 +234,8 @@ def inductor_plan(v: RankView) -> pd.DataFrame:
     first = ~pd.Series(group).duplicated().to_numpy()
     # Inductor's split reductions add a final pass per output of a long reduction: each op's
     # passes (counted once per op) take the place of the run's last kernels that would go, which
-    # keep their launch and run as long as a small fusible kernel of this trace
+    # keep their launch and run as long as a small fusible kernel of this trace (the graph has no
+    # primitive that adds a kernel: passes beyond the run's kernels that go are not modelled)
     passes = _split_kernels(v.trace.ops, kk["op"].to_numpy())
     op = kk["op"].to_numpy()
     uniq = np.unique(op[(op >= 0) & (op < len(v.trace.ops))])
