@@ -203,3 +203,28 @@ def test_a_folder_of_rank_traces_is_stored_by_its_listing(tmp_path: Path) -> Non
     (ranks / "rank1.json.gz").unlink()  # another listing: analysed again
     one, heavy_one = _report(ranks, env)
     assert "pandas" in heavy_one and len(json.loads(one)["source"]["paths"]) == 1
+
+
+@pytest.mark.parametrize("bad", [
+    {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 3.0, "dur": 1.0, "args": 5},
+    {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 3.0, "dur": 1.0, "args": "x"},
+    {"ph": "s", "cat": "ac2g", "name": "ac2g", "id": 1, "pid": 1, "tid": 1, "ts": 3.0, "args": [1]},
+])
+def test_args_decoded_per_bucket_refuse_what_a_whole_decode_refused(tmp_path: Path, bad: dict[str, Any]) -> None:
+    """Each bucket's args are decoded after the events (into a struct of that bucket's fields):
+    args that are not an object, in a bucket's event or in an event of no bucket, still fail the
+    load with the whole decode's words, naming the event (synthetic trace, built here)."""
+    from gpuprof.errors import TraceError
+    from gpuprof.trace import load
+
+    op = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1.0, "dur": 2.0,
+          "args": {"External id": 3, "Input Dims": [[2, 2]]}}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": [op, op, bad, op]}))
+    with pytest.raises(TraceError) as e:
+        load.load_trace(path)
+    got = str(e.value)
+    assert "not a Kineto trace: Expected `object | null`" in got and "at `$[2].args`" in got, got
+    good = dict(bad, args={"External id": 9})
+    path.write_text(json.dumps({"traceEvents": [op, op, good, op]}))
+    assert len(load.load_trace(path).ops) == 3 + (good["cat"] == "cpu_op")
