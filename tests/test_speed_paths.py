@@ -209,6 +209,8 @@ def test_a_folder_of_rank_traces_is_stored_by_its_listing(tmp_path: Path) -> Non
     {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 3.0, "dur": 1.0, "args": 5},
     {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 3.0, "dur": 1.0, "args": "x"},
     {"ph": "s", "cat": "ac2g", "name": "ac2g", "id": 1, "pid": 1, "tid": 1, "ts": 3.0, "args": [1]},
+    {"ph": "X", "cat": "python_function", "name": "f.py(1): g", "pid": 1, "tid": 1, "ts": 3.0, "dur": 1.0,
+     "args": 2.5},
 ])
 def test_args_decoded_per_bucket_refuse_what_a_whole_decode_refused(tmp_path: Path, bad: dict[str, Any]) -> None:
     """Each bucket's args are decoded after the events (into a struct of that bucket's fields):

@@ -542,6 +542,7 @@ def _annotation_cols(evs: list[_Event], names: np.ndarray, cats: np.ndarray) -> 
 
 def _python_cols(evs: list[_Event], names: np.ndarray, cats: np.ndarray) -> dict[str, Any]:
     """``python_function`` events (``with_stack=True``): the Python frames, nested by time per thread."""
+    _args(evs, _AnyArgs)  # no field is read, but args must still be an object or null
     cols = _base(evs, names)
     cols["tid"] = _num(_col(evs, "tid"), "int64")
     return cols
