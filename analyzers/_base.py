@@ -323,26 +323,11 @@ def _pairs(a_lo: np.ndarray, a_hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q, idx
 
 
-def host_outside_ops(t: RankTrace, g: pd.DataFrame) -> pd.DataFrame:
-    """Per gap, the host time outside every top-level op that drives the GPU (an op with a runtime
-    call inside it) on any thread, and outside the optimizer's own spans: user Python or CPU-only
-    ops. Every thread counts, since a thread waiting for another (``loss.backward()`` waits for
-    the autograd thread) is not doing work of its own; ``Optimizer.step#``/``zero_grad#`` spans
-    count as driving, since their Python is the optimizer's, which fused or compiled optimizers
-    remove.
-
-    Columns: outside_us (in the gap), longest_us (the longest such stretch in the gap), hole_start,
-    hole_end (that stretch, unclipped), prev_op, next_op (rows of ``ops`` bounding it, -1 if none).
-    A trace without ops (GPU-only, some old formats) gives 0: nothing can be told apart.
-    """
-    n = len(g)
-    out = {"outside_us": np.zeros(n), "longest_us": np.zeros(n), "hole_start": np.full(n, np.nan),
-           "hole_end": np.full(n, np.nan), "prev_op": np.full(n, -1, dtype=np.int64),
-           "next_op": np.full(n, -1, dtype=np.int64)}
+def _driving_spans(t: RankTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The spans of the top-level ops that drive the GPU (a runtime call inside them, on their
+    thread) and of the optimizer's ``Optimizer.step#``/``zero_grad#`` annotations, sorted by
+    start: (starts, ends, op rows; -1 for an annotation)."""
     ops, rt = t.ops, t.runtime
-    if not n or not len(ops):
-        return pd.DataFrame(out, index=g.index)
-    gs, ge = g["start"].to_numpy(dtype=float), g["end"].to_numpy(dtype=float)
     ots_all, oen_all, otid, orows = _cols(ops, (ops["depth"] == 0).to_numpy())
     rts_all, _, rtid, _ = _cols(rt)
     drives = np.zeros(len(ots_all), dtype=bool)
@@ -360,8 +345,53 @@ def host_outside_ops(t: RankTrace, g: pd.DataFrame) -> pd.DataFrame:
     ends = np.r_[oen_all[drives], a["end"].to_numpy()[opt]]
     rows = np.r_[orows[drives], np.full(int(opt.sum()), -1)]
     order = np.argsort(starts, kind="stable")
-    us, ue, first, ender = _union(starts[order], ends[order])
-    rows = rows[order]
+    return starts[order], ends[order], rows[order]
+
+
+def time_in_ops(t: RankTrace, s: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """Per interval [s, e] (trace times), the µs inside the union of :func:`_driving_spans`: host
+    time the model's ops (or the optimizer) account for, as opposed to user Python or CPU-only
+    work between them (:func:`host_outside_ops`)."""
+    s, e = np.asarray(s, dtype=float), np.asarray(e, dtype=float)
+    if not len(t.ops) or not len(s):
+        return np.zeros(len(s))
+    us, ue, _, _ = _union(*_driving_spans(t)[:2])
+    if not len(us):
+        return np.zeros(len(s))
+    cum = np.r_[0.0, np.cumsum(ue - us)]
+
+    def covered(x: np.ndarray) -> np.ndarray:  # µs of the union before x
+        j = np.searchsorted(us, x, side="right") - 1
+        jj = np.maximum(j, 0)
+        part = np.clip(x - us[jj], 0.0, ue[jj] - us[jj])
+        out: np.ndarray = np.where(j >= 0, cum[jj] + part, 0.0)
+        return out
+
+    inside: np.ndarray = np.maximum(covered(e) - covered(s), 0.0)
+    return inside
+
+
+def host_outside_ops(t: RankTrace, g: pd.DataFrame) -> pd.DataFrame:
+    """Per gap, the host time outside every top-level op that drives the GPU (an op with a runtime
+    call inside it) on any thread, and outside the optimizer's own spans: user Python or CPU-only
+    ops. Every thread counts, since a thread waiting for another (``loss.backward()`` waits for
+    the autograd thread) is not doing work of its own; ``Optimizer.step#``/``zero_grad#`` spans
+    count as driving, since their Python is the optimizer's, which fused or compiled optimizers
+    remove.
+
+    Columns: outside_us (in the gap), longest_us (the longest such stretch in the gap), hole_start,
+    hole_end (that stretch, unclipped), prev_op, next_op (rows of ``ops`` bounding it, -1 if none).
+    A trace without ops (GPU-only, some old formats) gives 0: nothing can be told apart.
+    """
+    n = len(g)
+    out = {"outside_us": np.zeros(n), "longest_us": np.zeros(n), "hole_start": np.full(n, np.nan),
+           "hole_end": np.full(n, np.nan), "prev_op": np.full(n, -1, dtype=np.int64),
+           "next_op": np.full(n, -1, dtype=np.int64)}
+    if not n or not len(t.ops):
+        return pd.DataFrame(out, index=g.index)
+    gs, ge = g["start"].to_numpy(dtype=float), g["end"].to_numpy(dtype=float)
+    starts, ends, rows = _driving_spans(t)
+    us, ue, first, ender = _union(starts, ends)
     hs, he = np.r_[-np.inf, ue], np.r_[us, np.inf]
     h_prev = np.r_[-1, rows[ender]] if len(us) else np.array([-1])
     h_next = np.r_[rows[first], -1] if len(us) else np.array([-1])

@@ -306,6 +306,8 @@ def _compiled_host(before: Graph, g: Graph, v: RankView, gone: np.ndarray) -> Gr
     kernels kept: the launches that went took the host work before each with them, and the
     rest (the Python and the ops that launch no kernel, which the compiled graph no longer runs)
     shrinks by what is left to take."""
+    from gpuprof.analyzers._base import HOST_WORK_MIN_US, time_in_ops
+
     i = g.ranks.index(v.rank)
     a = v.trace.annotations
     names = a["name"].astype(str)
@@ -319,11 +321,29 @@ def _compiled_host(before: Graph, g: Graph, v: RankView, gone: np.ndarray) -> Gr
     if k_all <= 0:
         return g
     went = tf.launches_of(g, gone)
-    total = float((np.maximum(before.h_gap, 0.0) + before.h_dur)[region].sum())
-    left = float((np.maximum(g.h_gap, 0.0) + g.h_dur)[region & ~went].sum())
-    target = total * (k_all - k_gone) / k_all
+    # A gap's stretch outside every op that drives the GPU, once it is long enough to be user host
+    # work (HOST_WORK_MIN_US, the rule the host-work finding uses: a busy loop, tokenising,
+    # logging), is not Inductor's to remove; the short Python between a model's ops is.
+    mine = np.flatnonzero(g.h_rank == i)
+    prev_end = np.r_[g.h_ts[mine[0]], g.h_end[mine[:-1]]] if len(mine) else np.zeros(0)
+    s = np.minimum(prev_end, g.h_ts[mine]) - g.rank_offset_us[i]
+    e = g.h_ts[mine] - g.rank_offset_us[i]
+    span = e - s
+    covered = time_in_ops(v.trace, s, e)
+    user = span - covered >= HOST_WORK_MIN_US
+    inside = np.ones(g.n_host)
+    inside[mine] = np.where(user, covered / np.where(span > 0, span, 1.0), 1.0)
+
+    def model_host(x: Graph, m: np.ndarray) -> float:
+        return float((np.maximum(x.h_gap, 0.0) * inside + x.h_dur)[m].sum())
+
+    target = model_host(before, region) * (k_all - k_gone) / k_all
+    left = model_host(g, region & ~went)
     f = min(1.0, target / left) if left > 0 else 1.0
-    return tf.shrink_host(g, region & ~went, f)
+    keep = region & ~went
+    factor = np.where(keep, inside * f + (1.0 - inside), 1.0)  # the gap: its in-op share × f
+    gap = np.where(keep & (g.h_gap > 0), g.h_gap * factor, g.h_gap)
+    return replace(g, h_gap=gap, h_dur=np.where(keep, g.h_dur * f, g.h_dur))
 
 
 _inductor_plans: dict[int, tuple[weakref.ref[Any], pd.DataFrame]] = {}
