@@ -247,9 +247,9 @@ def main() -> None:
     hta_only = {float(k): v.split("+") for k, v in (x.split("=", 1) for x in a.hta_only)}
     earlier = None
     if a.hta_from:
-        earlier = {(r["shape"], float(m), r["events"]): {**r["hta"], "from": f"{a.hta_from} ({r.get('when', '?')})"}
-                   for r in json.loads(Path(a.hta_from).read_text()) if "cpu_seconds" in r["hta"]
-                   for m in [r["requested_mb"]] if "requested_mb" in r}
+        earlier = {(r["shape"], float(r["requested_mb"]), r["events"]): {**r["hta"], "from": f"{a.hta_from} ({r['when']})"}
+                   for r in json.loads(Path(a.hta_from).read_text())
+                   if "cpu_seconds" in r["hta"] and "requested_mb" in r}
     with tempfile.TemporaryDirectory(dir=a.tmp) as d:
         for mb in [float(x) for x in a.sizes.split(",")]:
             for shape in a.shapes.split(","):

@@ -37,6 +37,13 @@ def sample_analysis(name: str, with_step: bool = True) -> Any:
         _SAMPLE_ANALYSES[key] = gpuprof.analyze(trace_path(name), step_ms=step_ms(name) if with_step else None)
     return _SAMPLE_ANALYSES[key]
 
+
+def gpu_busy_ms(name: str) -> float:
+    """A shipped sample's GPU busy time per step (ms, the step less its idle share), from its
+    analysis with the unprofiled step time."""
+    s = sample_analysis(name).summary
+    return float(s["step_time_ms"]) * (1 - float(s["breakdown_pct"]["idle"]) / 100)
+
 H200_PROPS = {"id": 0, "name": "NVIDIA H200", "totalGlobalMem": 150109880320, "computeMajor": 9,
               "computeMinor": 0, "numSms": 132, "maxThreadsPerMultiprocessor": 2048}
 

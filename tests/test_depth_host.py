@@ -14,6 +14,7 @@ import pytest
 import gpuprof
 from benchmarks.pairs import realised_ms, step_ms
 from gpuprof.analyzers._base import views as _views
+from tests.conftest import gpu_busy_ms
 from tests.conftest import sample_analysis as analysis
 
 LAUNCH = [("mlp_eager", "mlp_graph"), ("tiny_eager", "tiny_graph"), ("llama_generate_b1", "llama_generate_b1_static")]
@@ -29,9 +30,7 @@ def test_launch_bound_ranks_first_near_what_graphs_realise(bad: str, good: str) 
     f = launch(a)
     real = realised_ms(bad, good)
     assert f.estimated_savings_ms == pytest.approx(real, rel=0.1)
-    s = a.summary
-    busy_ms = s["step_time_ms"] * s["gpu_busy_pct"] / 100
-    assert f.estimated_savings_ms <= step_ms(bad) - busy_ms + 1e-6  # a graph leaves the GPU's own time
+    assert f.estimated_savings_ms <= step_ms(bad) - gpu_busy_ms(bad) + 1e-6  # a graph leaves the GPU's own time
     # once the step replays as a graph, no other fix adds more than 15 % of that saving (each is
     # priced alone, so a fusion's own launches count for it too; the projection settles overlaps)
     others = [x for x in a.findings[1:] if x.severity != "info"]
@@ -59,11 +58,6 @@ def test_host_bound_generate_is_named_and_ranked_above_memory_bound_decode() -> 
     assert "static" in f.recommendation and "reduce-overhead" in f.recommendation and "batch" in f.recommendation
 
 
-def busy_ms(name: str) -> float:
-    s = analysis(name).summary
-    return float(s["step_time_ms"] * s["gpu_busy_pct"] / 100)
-
-
 def test_host_bound_gpt_decode_is_named_first_and_priced_on_the_host() -> None:
     """The second host-bound decode program (gpt.py --mode decode --batch 1: 85 kernels per token,
     GPU busy 10 % of the real step). Its graph twin also attends over its whole static KV cache
@@ -75,7 +69,7 @@ def test_host_bound_gpt_decode_is_named_first_and_priced_on_the_host() -> None:
     f = launch(a)
     assert f.title.startswith("Decode is bound by the host")
     real = realised_ms("gpt_decode_b1", "gpt_decode_b1_graph")
-    extra_gpu = busy_ms("gpt_decode_b1_graph") - busy_ms("gpt_decode_b1")
+    extra_gpu = gpu_busy_ms("gpt_decode_b1_graph") - gpu_busy_ms("gpt_decode_b1")
     assert extra_gpu > 0
     assert f.estimated_savings_ms == pytest.approx(real + extra_gpu, rel=0.1)
     assert f.estimated_savings_ms == pytest.approx(real, rel=0.2)

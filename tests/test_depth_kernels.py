@@ -19,15 +19,11 @@ from gpuprof.roofline import classify
 from gpuprof.specs import BUILTIN, load_spec_file
 from gpuprof.trace.load import load_trace
 from tests.conftest import ROOT
+from tests.conftest import gpu_busy_ms
 from tests.conftest import sample_analysis as analysis
 
 def finding(name: str, category: str) -> gpuprof.Finding | None:
     return next((f for f in analysis(name).findings if f.category == category), None)
-
-
-def gpu_busy_ms(name: str) -> float:
-    s = analysis(name).summary
-    return float(s["step_time_ms"]) * (1 - float(s["breakdown_pct"]["idle"]) / 100)
 
 
 @pytest.mark.parametrize("bad,good", [("gpt_misaligned", "gpt_aligned"), ("llama_misaligned", "llama_aligned")])

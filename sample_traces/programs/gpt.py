@@ -33,11 +33,15 @@ import argparse
 import json
 import math
 import os
+import sys
 import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 
 SIZES = {
     # name: (layers, d_model, heads, seq, batch)
@@ -286,15 +290,13 @@ def main() -> None:
         capture_prof.start()
     if a.cuda_graph:
         static_x, static_y = batch_of(batch)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                train_step(static_x, static_y)
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_loss = train_step(static_x, static_y)
+        captured: list[torch.Tensor] = []  # the loss of the last call, the captured one's
+
+        def capturable_step() -> None:
+            captured[:] = [train_step(static_x, static_y)]
+
+        graph = harness.capture_graph(capturable_step)
+        static_loss = captured[0]
 
         def graph_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             static_x.copy_(x)
@@ -311,9 +313,6 @@ def main() -> None:
 
     batches = [batch_of(batch) for _ in range(4)]
     if a.python_work != "none":
-        import sys
-
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from textdata import batches as text_batches
 
         next_batch = text_batches(a.python_work, vocab, seq, batch, dev)
@@ -448,15 +447,7 @@ def graph_decoder(model: GPT, prompt: torch.Tensor, prompt_len: int, seq: int, d
 
     with torch.no_grad():
         prefill()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                one_token()
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            one_token()
+        graph = harness.capture_graph(one_token)
 
     def generate(n: int, prof: torch.profiler.profile | None = None) -> float:
         assert prompt_len + n <= seq, "the static KV cache holds seq positions"

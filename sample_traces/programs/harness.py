@@ -41,6 +41,21 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def capture_graph(fn: Callable[[], Any], warmup: int = 3) -> torch.cuda.CUDAGraph:
+    """``fn`` run ``warmup`` times on a side stream (as CUDA-graph capture needs: the allocator
+    and lazy inits settle off the capture stream), then captured once; replay the returned graph."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
 def time_steps(step: Callable[[], Any], n: int, device: str, nvtx_step: int = -1) -> float:
     """Mean wall time of ``n`` steps in ms, GPU work included (one sync at each end)."""
     sync(device)

@@ -47,16 +47,7 @@ def main() -> None:
 
     step = train_step
     if a.cuda_graph:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                train_step()
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            train_step()
-        step = graph.replay  # type: ignore[assignment]
+        step = harness.capture_graph(train_step).replay  # type: ignore[assignment]
     harness.record(a, step, {"rows_per_step": a.batch})
 
 
