@@ -29,12 +29,17 @@ def step_ms(name: str) -> float:
 
 
 def step_noise_ms(name: str) -> float:
-    """Half the range of the member's timed windows (ms): how far its step time moved between
-    repeats of the same program. Host-bound programs on the lent machine spread 12-35 % within one
-    session (sample_traces/README.md), so a realised saving is only known to within the sum of its
-    two members' noise."""
+    """How well the member's unprofiled step time is known (ms). Host-bound programs on the lent
+    machine spread 12-35 % within one session (sample_traces/README.md), so a realised saving is
+    only known to within the sum of its two members' noise. For a program timed in many processes
+    interleaved with its twins (``record_interleaved.sh``: ``step_ms_sem``, the standard error of the
+    mean over processes) it is twice that error (about 95 %); for one timed in one or two
+    processes, half the range of its timed windows (how far its step time moved between repeats)."""
     f = H200 / "timings" / (f"{name}_rank0.json" if (H200 / name).is_dir() else f"{name}.json")
-    runs = [float(x) for x in json.loads(f.read_text()).get("step_ms_runs") or []]
+    doc = json.loads(f.read_text())
+    if "step_ms_sem" in doc:
+        return 2.0 * float(doc["step_ms_sem"])
+    runs = [float(x) for x in doc.get("step_ms_runs") or []]
     return (max(runs) - min(runs)) / 2.0 if len(runs) > 1 else 0.0
 
 

@@ -90,9 +90,8 @@ def test_fused_optimizer_replay_removes_the_forloop_host_work(name: str) -> None
     of the ``Optimizer.step`` spans (every launch but the fused kernel's, and the Python and ops
     before each), so its saving is that host time as the calibrated graph holds it (its share of
     the period, plus at most the GPU time the fused kernel saves). What it misses is in that
-    calibration, not in the fix: the twins' timings leave more of the optimizer's profiled host
-    real (two_sync_forloop: ~11.9 of 14.75 ms per step) than the calibration can tell from one
-    step time (docs/accuracy.md, "Where the estimates miss")."""
+    calibration, not in the fix: the twins' timings can leave more of the optimizer's profiled host
+    real than one fitted cost per event does (docs/accuracy.md, "Where the estimates miss")."""
     import numpy as np
 
     from gpuprof.replay import fixes

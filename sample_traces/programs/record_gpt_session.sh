@@ -6,7 +6,8 @@
 # Also the two-defect set of issue #13 (gpt_sync_forloop and its three twins).
 #
 #   bash sample_traces/programs/record_gpt_session.sh OUTDIR
-#   SET=two_defects bash ... OUTDIR   # the two-defect set with the fix host_sync recommends (below)
+#   SET=two_defects bash ... OUTDIR   # the two-defect set, two processes per program (the shipped two_* samples
+#                                     # come from record_interleaved.sh, which times them in six each)
 #   SET=decode bash ... OUTDIR        # host-bound batch-1 decode and its CUDA-graph twin
 #
 # Pass 1: each program profiled, after two unprofiled timed windows in the same process
