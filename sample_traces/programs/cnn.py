@@ -40,13 +40,21 @@ def main() -> None:
     ys = [torch.randint(0, 1000, (a.batch,), device=dev) for _ in range(2)]
     count = iter(range(10**12))
 
+    mark = harness.REGIONS.mark
+
     def step() -> None:
+        mark(None)
         k = next(count) % 2
         with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=a.precision == "bf16"):
             loss = F.cross_entropy(fwd(xs[k]), ys[k])
+        mark("forward")
         loss.backward()
+        mark("backward")
         opt.step()
+        mark("optimizer")
         opt.zero_grad(set_to_none=True)
+        mark("zero_grad")
+        harness.REGIONS.step_done()
 
     harness.record(a, step, {"images_per_step": a.batch,
                              "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,

@@ -209,6 +209,9 @@ def main() -> None:
     p.add_argument("--with-stack", action="store_true")
     p.add_argument("--profile-capture", action="store_true")
     p.add_argument("--timing-windows", type=int, default=1, help="timed windows (each --timed-steps steps)")
+    p.add_argument("--region-times", help="JSON file: host wall time per step of each region of the train step "
+                                          "(forward, backward, the first .item(), the rest of the norms, optimizer, "
+                                          "zero_grad), in the timed windows and in the profiled steps")
     a = p.parse_args()
 
     layers, d, heads, seq, batch = SIZES[a.size]
@@ -257,11 +260,29 @@ def main() -> None:
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=False, fused=False)
 
     gpu_norms: list[torch.Tensor] = []
+    # --region-times: perf_counter marks between the regions of a step, summed per bucket ("timed":
+    # the unprofiled windows, "profiled": the steps under the profiler). No marks without the flag.
+    regions: dict[str, dict[str, float]] = {"timed": {}, "profiled": {}}
+    region_steps = {"timed": 0, "profiled": 0}
+    bucket: list[str | None] = [None]
+    last = [0.0]
+
+    def mark(name: str | None) -> None:
+        if bucket[0] is None:
+            return
+        now = time.perf_counter()
+        if name is not None:
+            d = regions[bucket[0]]
+            d[name] = d.get(name, 0.0) + (now - last[0]) * 1000.0
+        last[0] = now
 
     def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        mark(None)
         with torch.autocast(device_type=dev.type, dtype=autocast_dtype, enabled=use_bf16, cache_enabled=not a.cuda_graph):
             loss = ddp_model(x, y)
+        mark("forward")
         loss.backward()
+        mark("backward")
         if a.manual_allreduce:
             import torch.distributed as dist
 
@@ -270,15 +291,24 @@ def main() -> None:
                     dist.all_reduce(prm.grad)
                     prm.grad.div_(world)
         if a.host_sync:
-            norms = [prm.grad.norm().item() for prm in model.parameters() if prm.grad is not None]
+            grads = [prm.grad for prm in model.parameters() if prm.grad is not None]
+            norms = [grads[0].norm().item()]  # waits for backward's GPU work
+            mark("first_item")
+            norms += [g.norm().item() for g in grads[1:]]
             _ = max(norms)
+            mark("other_items")
         if a.grad_norm_on_gpu:  # the same per-parameter norms, kept as tensors; one read every 10 steps
             gpu_norms.append(torch.stack([prm.grad.norm() for prm in model.parameters() if prm.grad is not None]).max())
             if len(gpu_norms) == 10:
                 _ = torch.stack(gpu_norms).max().item()
                 gpu_norms.clear()
+            mark("gpu_norms")
         opt.step()
+        mark("optimizer")
         opt.zero_grad(set_to_none=not a.cuda_graph)
+        mark("zero_grad")
+        if bucket[0] is not None:
+            region_steps[bucket[0]] += 1
         if a.empty_cache:
             torch.cuda.empty_cache()
         return loss
@@ -346,6 +376,8 @@ def main() -> None:
         host_delay()
         step_fn(*batches[i % 4])
     runs = []
+    if a.region_times:
+        bucket[0] = "timed"
     for _window in range(a.timing_windows):  # one sync at each end of a window, none per step
         sync(device)
         t0 = time.perf_counter()
@@ -359,18 +391,29 @@ def main() -> None:
         sync(device)
         runs.append((time.perf_counter() - t0) * 1000.0 / a.timed_steps)
     step_ms = sum(runs) / len(runs)
+    bucket[0] = None
     write_timing(a, rank, world, step_ms, batch, seq, runs)
 
+    def write_regions() -> None:
+        if a.region_times:
+            per_step = {b: {k: v / max(region_steps[b], 1) for k, v in regions[b].items()} for b in regions}
+            with open(a.region_times.replace("RANK", str(rank)), "w") as f:
+                json.dump({"ms_per_step": per_step, "steps": region_steps, "active": a.active}, f, indent=1)
+
     if a.no_profile:
+        write_regions()
         return
     out = a.out.replace("RANK", str(rank))
     prof = make_profiler(out, wait=1, warmup=2, active=a.active, device=device, gpu_only=a.gpu_only,
                          with_stack=a.with_stack)
     with prof:
         for i in range(3 + a.active):
+            bucket[0] = "profiled" if a.region_times and i >= 3 else None  # the recorded (active) steps
             host_delay()
             step_fn(*batches[i % 4])
             prof.step()
+    bucket[0] = None
+    write_regions()
     if a.ddp:
         import torch.distributed as dist
 

@@ -32,8 +32,43 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-only", action="store_true")
     p.add_argument("--profile-memory", action="store_true")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--region-times", help="JSON file: host wall time per step of each region the program marks "
+                                          "(REGIONS.mark), in the timed windows and in the profiled steps")
     p.add_argument("--nvtx-step", type=int, default=-1,
                    help="wrap this step of the first timed window in an NVTX range 'ncu_step' and cudaProfilerStart/Stop (for ncu)")
+
+
+class Regions:
+    """Host wall time per region of a step: ``mark(name)`` closes the region that began at the last
+    mark (``mark(None)`` opens one). Summed per bucket: ``"timed"`` (the unprofiled windows) and
+    ``"profiled"`` (the recorded steps); does nothing while no bucket is set (no ``--region-times``)."""
+
+    def __init__(self) -> None:
+        self.ms: dict[str, dict[str, float]] = {"timed": {}, "profiled": {}}
+        self.steps = {"timed": 0, "profiled": 0}
+        self.bucket: str | None = None
+        self._last = 0.0
+
+    def mark(self, name: str | None) -> None:
+        if self.bucket is None:
+            return
+        now = time.perf_counter()
+        if name is not None:
+            d = self.ms[self.bucket]
+            d[name] = d.get(name, 0.0) + (now - self._last) * 1000.0
+        self._last = now
+
+    def step_done(self) -> None:
+        if self.bucket is not None:
+            self.steps[self.bucket] += 1
+
+    def write(self, path: str) -> None:
+        per_step = {b: {k: v / max(self.steps[b], 1) for k, v in self.ms[b].items()} for b in self.ms}
+        with open(path, "w") as f:
+            json.dump({"ms_per_step": per_step, "steps": self.steps}, f, indent=1)
+
+
+REGIONS = Regions()
 
 
 def sync(device: str) -> None:
@@ -78,7 +113,9 @@ def record(a: argparse.Namespace, step: Callable[[], Any], extra: dict[str, Any]
     for _ in range(a.warmup_steps):
         step()
     nvtx = a.nvtx_step if a.device.startswith("cuda") else -1
+    REGIONS.bucket = "timed" if a.region_times else None
     runs = [time_steps(step, a.timed_steps, a.device, nvtx if w == 0 else -1) for w in range(2)]
+    REGIONS.bucket = None
     step_ms = sum(runs) / len(runs)
     if a.timing_out:
         rec = {
@@ -94,6 +131,8 @@ def record(a: argparse.Namespace, step: Callable[[], Any], extra: dict[str, Any]
             json.dump(rec, f, indent=1)
     print(f"step {step_ms:.3f} ms (runs {', '.join(f'{r:.3f}' for r in runs)})", flush=True)
     if a.no_profile:
+        if a.region_times:
+            REGIONS.write(a.region_times)
         return
     acts = [torch.profiler.ProfilerActivity.CUDA] if a.gpu_only else [torch.profiler.ProfilerActivity.CPU]
     if a.device.startswith("cuda") and not a.gpu_only:
@@ -107,7 +146,11 @@ def record(a: argparse.Namespace, step: Callable[[], Any], extra: dict[str, Any]
         profile_memory=a.profile_memory,
     )
     with prof:
-        for _ in range(3 + a.active):
+        for i in range(3 + a.active):
+            REGIONS.bucket = "profiled" if a.region_times and i >= 3 else None  # the recorded (active) steps
             step()
             prof.step()
+    REGIONS.bucket = None
     sync(a.device)
+    if a.region_times:
+        REGIONS.write(a.region_times)

@@ -86,15 +86,25 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=dev.type == "cuda")
     next_batch = text_batches(a.python_work, a.vocab, a.seq, a.batch, dev)
 
+    mark = harness.REGIONS.mark
+
     def step() -> None:
+        mark(None)
         x, y = next_batch()
+        mark("input")
         with torch.autocast(device_type=dev.type, dtype=torch.bfloat16):
             out = fwd(input_ids=x, labels=y if a.model == "bert" else x)
+        mark("forward")
         out.loss.backward()
+        mark("backward")
         if a.host_sync:
             log_metrics(out.loss, model)
+            mark("host_sync")
         opt.step()
+        mark("optimizer")
         opt.zero_grad(set_to_none=True)
+        mark("zero_grad")
+        harness.REGIONS.step_done()
 
     harness.record(a, step, {"tokens_per_step": a.batch * a.seq})
 
