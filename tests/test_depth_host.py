@@ -84,7 +84,7 @@ def test_decode_streaming_weights_keeps_memory_bound_decode_first() -> None:
     assert not lo or not lo[0].title.startswith("Decode is bound by the host")  # the GPU is busy most of it
 
 
-@pytest.mark.parametrize("name", ["two_sync_forloop", "two_gpunorm_forloop", "gpt_adamw_forloop"])
+@pytest.mark.parametrize("name", ["two_sync_forloop", "two_gpunorm_forloop", "gpt_adamw_forloop", "llama_sync_forloop"])
 def test_fused_optimizer_replay_removes_the_forloop_host_work(name: str) -> None:
     """Real H200 GPTs with AdamW(foreach=False): the replayed fused optimizer removes the host work
     of the ``Optimizer.step`` spans (every launch but the fused kernel's, and the Python and ops

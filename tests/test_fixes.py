@@ -111,13 +111,21 @@ def test_projection_line_in_text_report() -> None:
     assert f"{s['projected_from_ms']:.1f} → {s['projected_step_time_ms']:.1f} ms per step" in text
 
 
-@pytest.fixture(scope="module")
-def two_defects() -> gpuprof.Analysis:
-    """gpt.py --host-sync --optim forloop and its three twins, recorded in one device session and
-    timed interleaved, six processes each (``SET=two_defects`` of
-    sample_traces/programs/record_interleaved.sh), each defect fixed as the finding recommends: two_gpunorm_forloop keeps the grad norms on the GPU (no ``.item()``),
-    two_sync_fused fuses the optimizer, two_gpunorm_fused does both."""
-    return gpuprof.analyze(SAMPLES / "two_sync_forloop.json.gz", step_ms=step_ms("two_sync_forloop"), cache=False)
+#: Two defects at once (host syncs + a per-parameter AdamW) and their three twins, each defect fixed
+#: as the finding recommends, recorded in one device session each and timed interleaved
+#: (sample_traces/programs/record_interleaved.sh): (bad, host_sync fixed, optimizer fused, both).
+#: gpt.py: 76 per-parameter norm ``.item()`` per step, fixed by keeping the norms on the GPU;
+#: the HF Llama (hf.py): loss and grad-norm ``.item()`` (two syncs per step), kept on the GPU.
+TWO_DEFECTS = {
+    "gpt": ("two_sync_forloop", "two_gpunorm_forloop", "two_sync_fused", "two_gpunorm_fused"),
+    "llama": ("llama_sync_forloop", "llama_gpumetrics_forloop", "llama_sync_fused", "llama_gpumetrics_fused"),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(TWO_DEFECTS))
+def two_defects(request: pytest.FixtureRequest) -> tuple[gpuprof.Analysis, tuple[str, str, str, str]]:
+    names = TWO_DEFECTS[request.param]
+    return gpuprof.analyze(SAMPLES / f"{names[0]}.json.gz", step_ms=step_ms(names[0]), cache=False), names
 
 
 def _ids(a: gpuprof.Analysis, *cats: str) -> list[str]:
@@ -127,33 +135,38 @@ def _ids(a: gpuprof.Analysis, *cats: str) -> list[str]:
 
 
 def _noise(*names: str) -> float:
-    """How far the members' own unprofiled step times moved between their timed windows (ms)."""
+    """How well the members' own unprofiled step times are known (ms: benchmarks.pairs.step_noise_ms)."""
     return sum(step_noise_ms(n) for n in names)
 
 
-@pytest.mark.parametrize("category,twin", [("host_sync", "two_gpunorm_forloop"), ("optimizer_fusion", "two_sync_fused")])
-def test_each_of_two_fixes_projects_its_twin(two_defects: gpuprof.Analysis, category: str, twin: str) -> None:
+@pytest.mark.parametrize("category,twin", [("host_sync", 1), ("optimizer_fusion", 2)])
+def test_each_of_two_fixes_projects_its_twin(two_defects: tuple[gpuprof.Analysis, tuple[str, ...]], category: str,
+                                             twin: int) -> None:
     """Each defect fixed alone replays to within 15 % of the twin that has only that fix, widened
-    by the two programs' timing noise (host-bound: their windows spread 14-23 %)."""
-    got = two_defects.what_if(_ids(two_defects, category))["step_time_ms"]
-    assert abs(got - step_ms(twin)) <= 0.15 * step_ms(twin) + _noise("two_sync_forloop", twin), got
+    by the two programs' timing noise (host-bound: their processes spread 20-40 %)."""
+    a, names = two_defects
+    got = a.what_if(_ids(a, category))["step_time_ms"]
+    assert abs(got - step_ms(names[twin])) <= 0.15 * step_ms(names[twin]) + _noise(names[0], names[twin]), got
 
 
-def test_two_fixes_projection_within_the_noise(two_defects: gpuprof.Analysis) -> None:
+def test_two_fixes_projection_within_the_noise(two_defects: tuple[gpuprof.Analysis, tuple[str, ...]]) -> None:
     """Both defects at once: host_sync and optimizer_fusion applied together replay to within 15 %
     of the both-fixed twin's step time, widened by the two programs' timing noise."""
-    got = two_defects.what_if(_ids(two_defects, "host_sync", "optimizer_fusion"))["step_time_ms"]
-    assert abs(got - step_ms("two_gpunorm_fused")) <= (0.15 * step_ms("two_gpunorm_fused")
-                                                       + _noise("two_sync_forloop", "two_gpunorm_fused")), got
+    a, names = two_defects
+    got = a.what_if(_ids(a, "host_sync", "optimizer_fusion"))["step_time_ms"]
+    assert abs(got - step_ms(names[3])) <= 0.15 * step_ms(names[3]) + _noise(names[0], names[3]), got
 
 
-def test_two_fixes_projection(two_defects: gpuprof.Analysis) -> None:
+def test_two_fixes_projection() -> None:
     """Both defects at once: host_sync and optimizer_fusion applied together replay to within 15 %
-    of the realised both-fixed step time (two_gpunorm_fused, same session): issue #13's target.
-    (The first recording of this set, timed in two processes only, replayed to +30 %: its bad
-    program read 25.3 ms in one process and 31.7 in the other; docs/replay.md, "Two fixes at once".)"""
-    ids = _ids(two_defects, "host_sync", "optimizer_fusion")
-    assert two_defects.what_if(ids)["step_time_ms"] == pytest.approx(step_ms("two_gpunorm_fused"), rel=0.15)
+    of the realised both-fixed step time (two_gpunorm_fused, same session): issue #13's target, on
+    gpt.py, the set timed in six processes per program (s.e. 0.5-1.0 ms). The Llama set (four
+    processes, s.e. 1.3-2.8 ms) is held within 15 % plus its noise above. (The first recording of
+    the gpt.py set, timed in two processes only, replayed to +30 %: its bad program read 25.3 ms in
+    one process and 31.7 in the other; docs/replay.md, "Two fixes at once".)"""
+    a = gpuprof.analyze(SAMPLES / "two_sync_forloop.json.gz", step_ms=step_ms("two_sync_forloop"), cache=False)
+    ids = _ids(a, "host_sync", "optimizer_fusion")
+    assert a.what_if(ids)["step_time_ms"] == pytest.approx(step_ms("two_gpunorm_fused"), rel=0.15)
 
 
 def test_two_fixes_projection_bare() -> None:

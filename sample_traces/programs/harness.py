@@ -1,7 +1,7 @@
 """The shared recording loop of the sample programs (hf.py, cnn.py, mlp.py).
 
 Each program builds a model and a ``step()`` that runs one training (or inference) step, then
-calls :func:`record`. It warms up, times two windows of ``--timed-steps`` steps without the
+calls :func:`record`. It warms up, times ``--timing-windows`` (2) windows of ``--timed-steps`` steps without the
 profiler (one ``torch.cuda.synchronize()`` at each end of a window, never one per step: the
 realised step time includes the GPU's work), writes them to ``--timing-out``, and records a
 torch.profiler trace of ``--active`` steps after ``wait=1, warmup=2``.
@@ -25,6 +25,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="trace path (.json.gz)")
     p.add_argument("--timing-out", help="JSON file for the unprofiled step timing")
     p.add_argument("--timed-steps", type=int, default=20)
+    p.add_argument("--timing-windows", type=int, default=2, help="timed windows (each --timed-steps steps)")
     p.add_argument("--warmup-steps", type=int, default=5)
     p.add_argument("--active", type=int, default=3)
     p.add_argument("--no-profile", action="store_true")
@@ -114,7 +115,7 @@ def record(a: argparse.Namespace, step: Callable[[], Any], extra: dict[str, Any]
         step()
     nvtx = a.nvtx_step if a.device.startswith("cuda") else -1
     REGIONS.bucket = "timed" if a.region_times else None
-    runs = [time_steps(step, a.timed_steps, a.device, nvtx if w == 0 else -1) for w in range(2)]
+    runs = [time_steps(step, a.timed_steps, a.device, nvtx if w == 0 else -1) for w in range(a.timing_windows)]
     REGIONS.bucket = None
     step_ms = sum(runs) / len(runs)
     if a.timing_out:

@@ -7,6 +7,8 @@ masked-LM head). Switches, the default being the tuned program:
   --hidden/--heads/--inter/--vocab   sizes (llama misaligned: 1020/10/2750/32001; aligned 1040/10/2752/32000)
   --python-work inline         pure-Python tokenisation on the main thread (vs workers / none)
   --host-sync                  log loss.item() and a grad-norm .item() every step (a host sync)
+  --metrics-on-gpu             the same loss and grad norm kept as tensors, read once every 10 steps
+  --optim forloop              AdamW(foreach=False, fused=False): one small kernel per op per parameter
   --compile                    torch.compile the model
   --mode generate              model.generate() of --new-tokens tokens per step at --batch (decode)
   --static-cache               generate with cache_implementation="static" (with --compile: CUDA graphs)
@@ -58,6 +60,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--python-work", choices=["none", "inline", "workers"], default="none")
     p.add_argument("--host-sync", action="store_true")
+    p.add_argument("--metrics-on-gpu", action="store_true")
+    p.add_argument("--optim", choices=["fused", "forloop"], default="fused")
     p.add_argument("--compile", action="store_true")
     p.add_argument("--mode", choices=["train", "generate"], default="train")
     p.add_argument("--new-tokens", type=int, default=16)
@@ -83,7 +87,11 @@ def main() -> None:
         return
 
     fwd = torch.compile(model) if a.compile else model
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=dev.type == "cuda")
+    if a.optim == "fused":
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=dev.type == "cuda")
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=False, fused=False)
+    gpu_metrics: list[torch.Tensor] = []
     next_batch = text_batches(a.python_work, a.vocab, a.seq, a.batch, dev)
 
     mark = harness.REGIONS.mark
@@ -100,6 +108,13 @@ def main() -> None:
         if a.host_sync:
             log_metrics(out.loss, model)
             mark("host_sync")
+        if a.metrics_on_gpu:  # host_sync's fix: the same values, one read every 10 steps
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            gpu_metrics.append(out.loss.detach() + norm)
+            if len(gpu_metrics) == 10:
+                _ = float(torch.stack(gpu_metrics).sum().item())
+                gpu_metrics.clear()
+            mark("gpu_metrics")
         opt.step()
         mark("optimizer")
         opt.zero_grad(set_to_none=True)

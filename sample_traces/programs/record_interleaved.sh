@@ -33,6 +33,7 @@ export PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
   echo "ROUNDS=$ROUNDS PROFILE_ROUND=$PROFILE_ROUND WINDOWS=$WINDOWS STEPS=$STEPS PIN='$PIN'"
 } >"$R/machine.txt" 2>&1
 
+PROG=gpt.py
 case ${SET:-two_defects} in
 two_defects)  # issue #13: host syncs + a per-parameter optimizer, each fixed the way gpuprof says
   PROGRAMS=(
@@ -40,6 +41,14 @@ two_defects)  # issue #13: host syncs + a per-parameter optimizer, each fixed th
     "two_gpunorm_forloop|--grad-norm-on-gpu --optim forloop"
     "two_sync_fused|--host-sync"
     "two_gpunorm_fused|--grad-norm-on-gpu"
+  ) ;;
+llama_two_defects)  # the same two defects in the HF Llama (hf.py): 2 syncs per step, a for-loop AdamW
+  PROG=hf.py
+  PROGRAMS=(
+    "llama_sync_forloop|--host-sync --optim forloop"
+    "llama_gpumetrics_forloop|--metrics-on-gpu --optim forloop"
+    "llama_sync_fused|--host-sync"
+    "llama_gpumetrics_fused|--metrics-on-gpu"
   ) ;;
 *) echo "unknown SET=$SET" >&2; exit 2 ;;
 esac
@@ -49,14 +58,14 @@ one() {  # one ROUND ENTRY
   local round=$1 name args t0=$SECONDS prof="--no-profile" out=/tmp/unused.json.gz
   IFS='|' read -r name args <<<"$2"
   if [ "$round" = "$PROFILE_ROUND" ]; then prof=""; out="$R/$name.json.gz"; fi
-  timeout 150 $PIN $PY "$P/gpt.py" --timing-windows "$WINDOWS" --timed-steps "$STEPS" $args $EXTRA $prof \
+  timeout 150 $PIN $PY "$P/$PROG" --timing-windows "$WINDOWS" --timed-steps "$STEPS" $args $EXTRA $prof \
     --out "$out" --timing-out "$R/$name.r$round.timing.json" >>"$R/$name.log" 2>&1 \
     || echo "FAIL $name round $round rc=$?" | tee -a "$R/failures.txt"
   echo "$round $name $((SECONDS - t0))s $(grep -h 'step' "$R/$name.log" | tail -1)"
 }
 
 IFS='|' read -r wname wargs <<<"${PROGRAMS[0]}"
-timeout 150 $PIN $PY "$P/gpt.py" --timing-windows 1 --timed-steps "$STEPS" $wargs $EXTRA --no-profile \
+timeout 150 $PIN $PY "$P/$PROG" --timing-windows 1 --timed-steps "$STEPS" $wargs $EXTRA --no-profile \
   --out /tmp/unused.json.gz >"$R/warmup.log" 2>&1 || echo "FAIL warmup" | tee -a "$R/failures.txt"
 for ((r = 1; r <= ROUNDS; r++)); do
   for ((j = 0; j < N; j++)); do one "$r" "${PROGRAMS[$(((j + r - 1) % N))]}"; done
