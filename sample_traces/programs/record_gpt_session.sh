@@ -3,11 +3,10 @@
 # realised savings of their pairs compare like with like. Earlier pairs mixed sessions and the
 # host speed of the lent machine differs between sessions (gpt_bf16, host-bound, read 8.90 ms on
 # 2026-11-30 and 12-18 ms on 2026-12-01), which made host-side realised savings meaningless.
-# Also the two-defect set of issue #13 (gpt_sync_forloop and its three twins).
+# Also gpt_sync_forloop, the first two-defect program of issue #13 (its twins' set, two_*, is
+# recorded by record_interleaved.sh, which times each program in six processes).
 #
 #   bash sample_traces/programs/record_gpt_session.sh OUTDIR
-#   SET=two_defects bash ... OUTDIR   # the two-defect set, two processes per program (the shipped two_* samples
-#                                     # come from record_interleaved.sh, which times them in six each)
 #   SET=decode bash ... OUTDIR        # host-bound batch-1 decode and its CUDA-graph twin
 #
 # Pass 1: each program profiled, after two unprofiled timed windows in the same process
@@ -28,13 +27,6 @@ export PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 G="--timing-windows 2"
 # name | environment | gpt.py arguments
 case ${SET:-all} in
-two_defects)  # issue #13: host syncs + a per-parameter optimizer, each fixed the way gpuprof says
-  PROGRAMS=(
-    "two_sync_forloop||--host-sync --optim forloop"
-    "two_gpunorm_forloop||--grad-norm-on-gpu --optim forloop"
-    "two_sync_fused||--host-sync"
-    "two_gpunorm_fused||--grad-norm-on-gpu"
-  ) ;;
 decode)  # issue #12 class 7: a small GPT generating at batch 1, eager vs one CUDA graph per token
   PROGRAMS=(
     "gpt_decode_b1||--mode decode --batch 1"
