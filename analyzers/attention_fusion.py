@@ -1,9 +1,13 @@
 """attention_fusion: attention computed as separate matmul / mask / softmax / dropout kernels that
 write and read a B×H×T×T score tensor.
 
-Trigger: a softmax over a tensor whose last two dimensions are equal (T×T, T ≥ 64); every op
-of the step with such a tensor among its arguments (the QKᵀ and PV matmuls, scaling, mask,
-softmax, dropout, and their backward) is part of the unfused attention.
+Trigger: a softmax over a tensor whose last two dimensions are equal (T×T, T ≥ 64). Part of the
+unfused attention: every kernel whose op, or the outermost aten op it runs under (``aten::matmul``
+over the ``aten::bmm`` and the copies that make its operands contiguous), has such a tensor among
+its arguments or is a matmul producing one (QKᵀ, and dY·Vᵀ in backward: ``[..., T, K] @ [..., K, T]``;
+Kineto records input shapes only), plus the boolean T×T mask's own ops (``~mask``): the scaling,
+mask, softmax, dropout, both matmuls and their backward. SDPA does all of it in one kernel (a few
+in backward).
 Estimate: fused attention (``F.scaled_dot_product_attention``) keeps the matmul FLOPs (halved
 when the trace shows the attention is causal: ``_causal_evidence``) and drops the T×T traffic; its time is those FLOPs at the roofline
 efficiency the trace's other tensor-core GEMMs reach. Saving = the affected kernels' time minus
@@ -16,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from gpuprof.analyzers._base import Candidate, ms, per_shape, shape_codes, top_names, views
+from gpuprof.analyzers._base import Candidate, ms, outermost_aten, per_shape, shape_codes, top_names, views
 
 from gpuprof.trace.load import parse_arg
 
@@ -80,6 +84,51 @@ def _square(dims: Any) -> int:
     return 0
 
 
+#: Batched matmuls and where their two matrix operands are among the op's inputs.
+MATMUL_OPERANDS = {"aten::matmul": (0, 1), "aten::bmm": (0, 1), "aten::baddbmm": (1, 2)}
+
+
+def _score_product(name: str, dims: Any) -> int:
+    """T when ``name`` is a batched matmul whose product is a ``[..., T, T]`` score tensor
+    (``[..., T, K] @ [..., K, T]``, rank ≥ 3, T ≥ 64), else 0."""
+    at = MATMUL_OPERANDS.get(name)
+    if at is None or not isinstance(dims, list) or len(dims) <= max(at):
+        return 0
+    a, b = dims[at[0]], dims[at[1]]
+    if not (isinstance(a, list) and isinstance(b, list) and len(a) >= 3 and len(b) >= 3
+            and all(isinstance(x, int) for x in (*a, *b))):
+        return 0
+    return int(a[-2]) if a[-2] == b[-1] >= 64 and a[-1] == b[-2] else 0
+
+
+def _attention_t(ops: Any, rows: np.ndarray) -> np.ndarray:
+    """Per op row in ``rows`` (-1: none): T where the op has a T×T score among its arguments or is
+    a matmul producing one, else 0."""
+    codes, sq = shape_codes(ops, rows, _square)
+    pcodes, prod = shape_codes(ops, rows, _score_product, by_name=True)
+    return np.maximum(np.array([*sq, 0], dtype=np.int64)[codes], np.array([*prod, 0], dtype=np.int64)[pcodes])
+
+
+def _mask_ops(ops: Any, rows: np.ndarray, t: int) -> np.ndarray:
+    """Whether each op row of ``rows`` takes a 2-D boolean T×T tensor (``~mask[:t, :t]``): the
+    causal mask's own ops, which SDPA with ``is_causal`` does not run. Boolean only: a 2-D T×T
+    of another type can be a d×d weight where d_model == T."""
+    ok = (rows >= 0) & (rows < len(ops))
+    out = np.zeros(len(rows), dtype=bool)
+    if not ok.any():
+        return out
+    sub = ops.iloc[rows[ok]]
+    key = sub["input_dims"].astype(str) + "|" + sub["input_types"].astype(str)
+    first = ~key.duplicated().to_numpy()
+    hit = {}
+    for k_, dims, types in zip(key[first], sub["input_dims"][first], sub["input_types"][first]):
+        d, ty = parse_arg(dims), parse_arg(types)
+        hit[k_] = bool(isinstance(d, list) and isinstance(ty, list) and any(
+            isinstance(x, list) and x == [t, t] and i < len(ty) and ty[i] == "bool" for i, x in enumerate(d)))
+    out[ok] = key.map(hit).to_numpy(dtype=bool)
+    return out
+
+
 def run(analysis: Analysis) -> list[Candidate]:
     spec = analysis.spec
     assert spec is not None
@@ -87,13 +136,19 @@ def run(analysis: Analysis) -> list[Candidate]:
     for v in views(analysis):
         k = v.kernels
         ops = v.trace.ops
-        codes, sq = shape_codes(ops, k["op"].to_numpy(), _square)
-        k_t = pd.Series(np.array([*sq, 0], dtype=np.int64)[codes], index=k.index)  # code -1 (no op): 0
+        inner = k["op"].to_numpy().astype(np.int64)
+        codes, sq = shape_codes(ops, inner, _square)
+        k_sq = pd.Series(np.array([*sq, 0], dtype=np.int64)[codes], index=k.index)  # code -1 (no op): 0
         names = k["op_name"].astype(str)
-        if not (names.isin(SOFTMAX) & (k_t > 0)).any():
+        soft = names.isin(SOFTMAX) & (k_sq > 0)
+        if not soft.any():
             continue
-        attn = k[k_t > 0]
-        t = int(k_t[k_t > 0].mode().to_numpy()[0])
+        t = int(k_sq[soft].mode().to_numpy()[0])
+        outer = inner.copy()
+        outer[inner >= 0] = outermost_aten(ops, inner[inner >= 0])
+        k_t = np.maximum(_attention_t(ops, inner), _attention_t(ops, outer))
+        in_attn = (k_t > 0) | _mask_ops(ops, inner, t)
+        attn = k[in_attn]
         why_causal = _causal_evidence(ops, t)
         causal = why_causal is not None
         masked = bool((attn["op_name"].astype(str).isin(MASK)).any())

@@ -190,7 +190,10 @@ def apply(g: Graph, v: RankView, category: str, units: dict[tuple[Any, ...], flo
         if category in REGROUPING:
             g = _inductor(g, v, sel)
         elif category in FUSING:
-            g = _fuse_runs(g, sel, g.a_dur * fac[np.minimum(g.a_row, len(fac) - 1)] if len(fac) else g.a_dur)
+            memset_rows = np.flatnonzero((t.memcpys["kind"].astype(str) == "Memset").to_numpy()) \
+                if "kind" in t.memcpys.columns else np.zeros(0, np.int64)
+            g = _fuse_runs(g, sel, g.a_dur * fac[np.minimum(g.a_row, len(fac) - 1)] if len(fac) else g.a_dur,
+                           tf.activities_of(g, rank, "memcpy", memset_rows))
         else:
             g = tf.set_durations(g, sel, g.a_dur[sel] * fac[g.a_row[sel]])
             # a kernel the fix does away with (a layout transpose) goes with its launch
@@ -237,25 +240,34 @@ def _tail_fix(g: Graph, v: RankView, saved: dict[int, float]) -> Graph:
     return replace(g, h_gap=gap)
 
 
-def _fuse_runs(g: Graph, sel: np.ndarray, after_us: np.ndarray) -> Graph:
+def _fuse_runs(g: Graph, sel: np.ndarray, after_us: np.ndarray, memsets: np.ndarray | None = None) -> Graph:
     """A fusion's claimed kernels that ran back to back on one stream in one step become one
     kernel each run, as long as the run's kernels take after the fix (``after_us``, the analyzer's
     fused time spread over them); the other kernels of the run vanish with their launches and the
     host work before each (the ops a fused kernel no longer dispatches), whichever finding
-    claimed the idle gaps there: priced alone, the fix removes them all."""
-    idx = np.flatnonzero(sel)  # activities are in (rank, stream, start) order
-    if not len(idx):
+    claimed the idle gaps there: priced alone, the fix removes them all. A memset between two of
+    a run's kernels (``memsets``: the 4-byte workspace clear cuBLAS issues before each nvjet GEMM
+    of an unfused attention) belongs to the ops the fused kernel replaces: it goes with them
+    rather than splitting the run; any other activity between two claimed kernels ends the run."""
+    ms = memsets if memsets is not None else np.zeros(g.n_acts, dtype=bool)
+    idx = np.flatnonzero(sel | ms)  # activities are in (rank, stream, start) order
+    if not sel.any():
         return g
     brk = np.r_[True, (np.diff(idx) != 1) | (g.a_stream[idx[1:]] != g.a_stream[idx[:-1]])
                 | (g.a_step[idx[1:]] != g.a_step[idx[:-1]])]
     run_id = np.cumsum(brk) - 1
-    groups = np.full(g.n_acts, -1, dtype=np.int64)
-    groups[idx] = run_id
-    dur = np.bincount(run_id, weights=after_us[idx])
+    is_k = sel[idx]
+    pos = np.arange(len(idx))
+    lo = pd.Series(pos[is_k]).groupby(run_id[is_k]).min().reindex(range(run_id[-1] + 1)).to_numpy()
+    hi = pd.Series(pos[is_k]).groupby(run_id[is_k]).max().reindex(range(run_id[-1] + 1)).to_numpy()
+    inner = ~is_k & (pos > lo[run_id]) & (pos < hi[run_id])  # NaN (no kernel in the run) compares False
+    dur = np.bincount(run_id[is_k], weights=after_us[idx[is_k]], minlength=run_id[-1] + 1)
     first = np.zeros(g.n_acts, dtype=bool)
-    first[idx[brk]] = True
-    g = tf.remove_activities(g, sel & ~first)
-    return tf.set_durations(g, first, dur)
+    first[idx[is_k & (pos == lo[run_id])]] = True
+    gone = sel & ~first
+    gone[idx[inner]] = True
+    g = tf.remove_activities(g, gone)
+    return tf.set_durations(g, first, dur[run_id[is_k & (pos == lo[run_id])]])
 
 
 def _inductor(g: Graph, v: RankView, sel: np.ndarray) -> Graph:
