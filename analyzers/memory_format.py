@@ -13,7 +13,7 @@ other order; in a channels-last model the permuted view is already dense).
 The NCHW kernels' excess over their channels-last cost is priced from a measurement: channels-last
 variants of the same kernels in the same program (at their roofline efficiency), else for batch
 norm the measured layout table (``benchmarks/layout_table.py``: channels-last over NCHW time of
-``BatchNorm2d`` forward+backward at that size and dtype, shipped as
+``BatchNorm2d`` forward+backward at the nearest measured shape and that dtype, shipped as
 ``gpuprof/data/h200_layout_table.json`` once measured); otherwise it is reported (with what it
 would be at the roofline, an upper bound) but not claimed.
 
@@ -48,29 +48,45 @@ LAYOUT_SENSITIVE = re.compile(r"batch_norm|\bbn_|_bn_|pool|upsample|group_norm",
 CHANNELS_LAST = re.compile(r"channels_last|nhwc", re.IGNORECASE)
 BATCH_NORM = re.compile(r"batch_norm|\bbn_|_bn_", re.IGNORECASE)
 LAYOUT_TABLE = "h200_layout_table.json"
+#: Per dtype: the measured shapes as (log2 channels, log2 N·H·W) rows, and their channels-last /
+#: NCHW time ratios (at most 1).
 Ratios = dict[str, tuple[np.ndarray, np.ndarray]]
 
 
 @lru_cache(maxsize=1)
 def layout_ratios() -> Ratios | None:
-    """Per dtype: log2 elements and channels-last / NCHW batch-norm time (at most 1), from the
-    measured layout table shipped as package data; None until it has been measured."""
+    """Per dtype: each measured shape (log2 C, log2 N·H·W) and its channels-last / NCHW batch-norm
+    time (at most 1), from the measured layout table shipped as package data; None until it has
+    been measured. The shape, not the element count, is the key: NCHW batch norm reduces each
+    channel's N·H·W plane with a stride, so equal element counts differ (ResNet-50's 64×56×56 at
+    0.29 and 1024×14×14 at 1.07, both 12.8M elements per batch of 64)."""
     f = resources.files("gpuprof").joinpath("data", LAYOUT_TABLE)
     if not f.is_file():
         return None
     rows = [r for r in json.loads(f.read_text(encoding="utf-8"))["rows"] if r.get("op") == "batch_norm"]
     out: Ratios = {}
     for d in sorted({str(r["dtype"]) for r in rows}):
-        rs = sorted((float(r["elements"]), min(1.0, float(r["cl_us"]) / float(r["nchw_us"]))) for r in rows
-                    if r["dtype"] == d)
-        out[d] = (np.log2([e for e, _ in rs]), np.array([q for _, q in rs]))
+        rs = [r for r in rows if r["dtype"] == d]
+        out[d] = (np.log2([[float(r["c"]), float(r["n"]) * float(r["h"]) * float(r["w"])] for r in rs]),
+                  np.array([min(1.0, float(r["cl_us"]) / float(r["nchw_us"])) for r in rs]))
     return out
 
 
-def _numel(dims: Any) -> float:
+def _channels_plane(dims: Any) -> tuple[float, float]:
+    """(C, N·H·W) of an op's first input when it is 4-D [N, C, H, W], else NaNs."""
     first = dims[0] if isinstance(dims, list) and dims else None
-    return float(np.prod(first)) if isinstance(first, list) and first and all(isinstance(x, int) for x in first) \
-        else float("nan")
+    if isinstance(first, list) and len(first) == 4 and all(isinstance(x, int) and x > 0 for x in first):
+        return float(first[1]), float(first[0] * first[2] * first[3])
+    return float("nan"), float("nan")
+
+
+def nearest_ratio(points: np.ndarray, ratio: np.ndarray, c: np.ndarray, plane: np.ndarray) -> np.ndarray:
+    """Each kernel's ratio: the measured shape nearest to its (C, N·H·W) in log space (the shape
+    itself where it was measured)."""
+    q = np.log2(np.c_[c, plane])
+    d = ((q[:, None, :] - points[None, :, :]) ** 2).sum(axis=-1)
+    out: np.ndarray = ratio[np.argmin(d, axis=1)]
+    return out
 FIX = ("Convert the model and its inputs to channels-last: `model = model.to(memory_format=torch.channels_last)` "
        "and `images = images.to(device, memory_format=torch.channels_last)` (keep autocast on); cuDNN then runs "
        "NHWC convolutions without transposes, and batch norm/pooling take their channels-last kernels.")
@@ -163,12 +179,14 @@ def nchw_savings(v: RankView, ratios: Ratios | None = None, vendor: str = "nvidi
         how = "at the roofline efficiency of the channels-last variants in this trace"
     elif ratios and len(slow):
         bn = per_name(slow["name"], lambda n: bool(BATCH_NORM.search(n)), dtype=bool)
-        sizes = per_shape(v.trace.ops, slow["op"].unique(), _numel)
-        elems = sizes.reindex(slow["op"].to_numpy()).to_numpy(dtype=float)
+        sizes = per_shape(v.trace.ops, slow["op"].unique(), _channels_plane).reindex(slow["op"].to_numpy())
+        cp = np.array([x if isinstance(x, tuple) else (np.nan, np.nan) for x in sizes.tolist()], dtype=float)
+        cp = cp.reshape(-1, 2)
         ratio = np.full(len(slow), 1.0)
-        for d, (x, q) in ratios.items():
-            m = bn & (slow["dtype"].astype(str).to_numpy() == d) & np.isfinite(elems) & (elems > 0)
-            ratio[m] = np.interp(np.log2(elems[m]), x, q)
+        for d, (pts, q) in ratios.items():
+            m = bn & (slow["dtype"].astype(str).to_numpy() == d) & np.isfinite(cp).all(axis=1)
+            if m.any() and len(q):
+                ratio[m] = nearest_ratio(pts, q, cp[m, 0], cp[m, 1])
         after = np.maximum(dur * ratio, np.where(roof, t_roof, 0.0))
         how = "batch norm at the measured channels-last/NCHW time ratio for its size (benchmarks/layout_table.py)"
     saved_slow = np.clip(dur - after, 0, None)

@@ -94,7 +94,10 @@ def test_memory_format_on_nchw_not_on_channels_last(bad: str, good: str) -> None
     assert f is not None and "channels_last" in f.recommendation
     assert f.evidence["layout_transform_ms_per_step"] > 0 and f.evidence["transform_kernels"]
     assert finding(good, "memory_format") is None
-    assert f.estimated_savings_ms <= step_ms(bad) - step_ms(good)  # never claims more than the fix realised
+    # never claims more than the fix realised, beyond the ±20 % the accuracy tests allow (the estimate
+    # is the middle of the host floor's saving and the host-free one; ResNet-50's realised saving
+    # lies just above the floor's: its twin is bound by its host)
+    assert f.estimated_savings_ms <= 1.2 * (step_ms(bad) - step_ms(good))
 
 
 def test_memory_format_never_on_models_without_convolutions() -> None:
@@ -199,7 +202,7 @@ def test_memory_format_prices_batch_norm_by_the_measured_layout_table() -> None:
         assert len(xf) and len(slow) and fast.empty
         _, base, _, how0 = memory_format.nchw_savings(v, ratios={})
         assert base[len(xf):].sum() == 0 and "not claimed" in how0
-        ratios = {"bf16": (np.log2([1e5, 1e9]), np.array([0.45, 0.45]))}
+        ratios = {"bf16": (np.log2([[64.0, 1e5], [2048.0, 1e9]]), np.array([0.45, 0.45]))}
         _, saved, _, how = memory_format.nchw_savings(v, ratios=ratios)
         bn = slow["name"].astype(str).str.contains("batch_norm").to_numpy()
         got = saved[len(xf):]
@@ -213,14 +216,38 @@ def test_memory_format_prices_batch_norm_by_the_measured_layout_table() -> None:
         assert f is not None and "not claimed" in f.evidence["nchw_kernels_priced"]
 
 
+def test_layout_table_is_read_by_shape() -> None:
+    """The shipped layout table (measured on the H200) is looked up by (C, N·H·W), not by element
+    count: ResNet-50's 64×56×56 and 1024×14×14 batch norms have the same 12.8M elements per batch
+    of 64 and measured 0.29 and 1.07 (host-bound at that size: clipped to 1)."""
+    import numpy as np
+    from gpuprof.analyzers import memory_format
+
+    r = memory_format.layout_ratios()
+    if r is None:
+        pytest.skip("no layout table shipped")
+    pts, q = r["bf16"]
+    got = memory_format.nearest_ratio(pts, q, np.array([64.0, 1024.0, 64.0]),
+                                      np.array([64 * 56 * 56, 64 * 14 * 14, 64 * 112 * 112], dtype=float))
+    assert got[0] == pytest.approx(192.93 / 665.92, rel=1e-6) and got[1] == 1.0
+    assert got[2] == pytest.approx(619.18 / 2264.47, rel=1e-6)
+    # on the real pair: no more GPU time saved than the twins differ by, the replay within ±20 %
+    f = finding("resnet50_bf16_nchw", "memory_format")
+    assert f is not None
+    assert f.evidence["gpu_time_saved_ms_per_step"] < gpu_busy_ms("resnet50_bf16_nchw") - gpu_busy_ms("resnet50_bf16_cl")
+    real = step_ms("resnet50_bf16_nchw") - step_ms("resnet50_bf16_cl")
+    assert f.estimated_savings_ms == pytest.approx(real, rel=0.20)
+
+
 def test_memory_format_conversion_copies_and_host_floor() -> None:
     """ConvNeXt-T permutes NCHW activations to NHWC for LayerNorm/Linear and back: those copies go
     with channels_last, and the two real traces differ by them, the 3 cuDNN transforms and the stem
     conv (0.48 ms of GPU time); ConvNeXt-T is bound by its host, so the replayed saving is at most
-    the GPU's plus the launches that go. ResNet-50's twin is bound by its host: the replay prices the
-    fix up to that host floor. It lands below the realised saving: the trace prices the NCHW batch
-    norm at 2.3 ms per step of the 8.0 ms the twins' norm kernels differ by, and cuDNN's NHWC
-    convolutions ran 0.8 ms faster, which nothing in the NCHW trace measures."""
+    the GPU's plus the launches that go. ResNet-50's twin is bound by its host: the realised saving
+    lies between the replay's host-floor and host-free savings, and the estimate (their middle)
+    within ±20 % of it. The GPU saving stays below the twins' (9.1 of 12.2 ms per step): the layout
+    table's small sizes are host-bound (ratio ≈ 1, nothing claimed for the 28×28 to 7×7 batch
+    norms), and cuDNN's NHWC convolutions ran 0.8 ms faster, which nothing in the NCHW trace measures."""
     from gpuprof.analyzers.memory_format import _is_conversion
 
     nhwc, permuted = [301056, 5376, 96, 1], [301056, 56, 1, 3136]
@@ -242,4 +269,6 @@ def test_memory_format_conversion_copies_and_host_floor() -> None:
     assert r is not None and r.evidence["layout_conversion_copies_per_step"] == 0
     realised = step_ms("resnet50_bf16_nchw") - step_ms("resnet50_bf16_cl")
     assert r.evidence["estimate"] == "replay"
-    assert 0.75 * realised <= r.estimated_savings_ms <= realised, (r.estimated_savings_ms, realised)
+    b = r.evidence["replay_saving_bounds_ms"]
+    assert b["host_floor"] <= realised <= b["no_host"], (b, realised)
+    assert r.estimated_savings_ms == pytest.approx(realised, rel=0.20)

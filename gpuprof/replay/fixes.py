@@ -190,8 +190,11 @@ def apply(g: Graph, v: RankView, category: str, units: dict[tuple[Any, ...], flo
         if category in REGROUPING:
             g = _inductor(g, v, sel)
         elif category in FUSING:
-            memset_rows = np.flatnonzero((t.memcpys["kind"].astype(str) == "Memset").to_numpy()) \
-                if "kind" in t.memcpys.columns else np.zeros(0, np.int64)
+            # memsets issued by the fused ops themselves (cuBLAS's workspace clear under aten::bmm)
+            m = t.memcpys
+            memset_rows = np.flatnonzero(((m["kind"].astype(str) == "Memset")
+                                          & m["op"].isin(t.kernels["op"].to_numpy()[k_rows])).to_numpy()) \
+                if {"kind", "op"} <= set(m.columns) and "op" in t.kernels.columns else np.zeros(0, np.int64)
             g = _fuse_runs(g, sel, g.a_dur * fac[np.minimum(g.a_row, len(fac) - 1)] if len(fac) else g.a_dur,
                            tf.activities_of(g, rank, "memcpy", memset_rows))
         else:
@@ -246,9 +249,10 @@ def _fuse_runs(g: Graph, sel: np.ndarray, after_us: np.ndarray, memsets: np.ndar
     fused time spread over them); the other kernels of the run vanish with their launches and the
     host work before each (the ops a fused kernel no longer dispatches), whichever finding
     claimed the idle gaps there: priced alone, the fix removes them all. A memset between two of
-    a run's kernels (``memsets``: the 4-byte workspace clear cuBLAS issues before each nvjet GEMM
-    of an unfused attention) belongs to the ops the fused kernel replaces: it goes with them
-    rather than splitting the run; any other activity between two claimed kernels ends the run."""
+    a run's kernels issued by one of the claimed kernels' own ops (``memsets``: the 4-byte
+    workspace clear cuBLAS issues under each ``aten::bmm`` of an unfused attention) belongs to the
+    ops the fused kernel replaces: it goes with them rather than splitting the run; any other
+    activity between two claimed kernels ends the run."""
     ms = memsets if memsets is not None else np.zeros(g.n_acts, dtype=bool)
     idx = np.flatnonzero(sel | ms)  # activities are in (rank, stream, start) order
     if not sel.any():
