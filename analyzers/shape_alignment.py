@@ -14,6 +14,12 @@ program whose every GEMM is misaligned still gets its saving; a misaligned GEMM 
 runs at the reference rate saves nothing, whatever its shape (BERT's vocabulary 30522 vs 30528).
 Only GEMMs at or above the ridge point count: the table measures compute-bound GEMMs, and a GEMV
 or skinny product is bound by bytes that padding does not shrink.
+A head dimension that is not a multiple of 8 also costs copies: the fused attention kernels take
+whole multiples of 8, so ``scaled_dot_product_attention`` pads q, k and v (a fill of the padded
+buffer and a copy into it, per tensor) and autograd un-pads and slices the gradients
+(``constant_pad_nd``, ``slice_backward``, the flash backward's copies of the padded tensors). With
+the head dimension aligned those kernels go (:func:`head_padding`; gpt.py's 255 and the HF Llama's
+102: 0.66 and 1.0 ms per step, of the 1.1 and 1.0 ms of copies the aligned twins do not run).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from gpuprof.analyzers._base import Candidate, gpu_side_confidence, ms, shape_codes, top_names, views
+from gpuprof.analyzers._base import Candidate, gpu_side_confidence, ms, per_shape, shape_codes, top_names, views
 
 from gpuprof import gemmref
 from gpuprof.costmodel import gemm_mnk
@@ -102,8 +108,65 @@ def run(analysis: Analysis) -> list[Candidate]:
         dims_seen = dict(zip(tally.index.astype(int).tolist(), tally.to_numpy(dtype=float).tolist()))
         source = ref.source + (f", x {scale:.2f} (this trace's aligned GEMMs against the table)" if scale != 1.0
                                else " (no aligned GEMMs in this trace to scale it by)")
-        out.append(_candidate(v, bad, saved, after, dims_seen, _vocab_sizes(ops), source, g.drop(index=bad.index)))
+        out.append(_candidate(v, bad, saved, after, dims_seen, _vocab_sizes(ops), source, g.drop(index=bad.index),
+                              head_padding(v)))
     return out
+
+
+#: The head dimension the fused attention kernels take whole (PyTorch pads q/k/v to it).
+SDPA_HEAD_ALIGN = 8
+SDPA = "aten::scaled_dot_product_attention"
+
+
+def _last_dim(dims: Any) -> int:
+    first = dims[0] if isinstance(dims, list) and dims else None
+    return int(first[-1]) if isinstance(first, list) and first and isinstance(first[-1], int) else 0
+
+
+def head_padding(v: Any) -> pd.DataFrame:
+    """The copy-family kernels (copies, fills) that pad a misaligned head dimension D for SDPA and
+    un-pad its gradients to P = D rounded up to ``SDPA_HEAD_ALIGN``: under the SDPA call, each
+    fill of a padded ``[..., P]`` buffer and as many ``[..., D]`` copies (the last of the call's:
+    the copies that make q, k, v contiguous come first and stay); under ``constant_pad_nd`` of a
+    ``[..., D]`` or ``[..., P]`` tensor; under ``slice_backward`` of a ``[..., D]`` gradient; under
+    the SDPA backward, copies of ``[..., P]`` tensors. Empty where no SDPA call has a misaligned head."""
+    from gpuprof.analyzers._base import outermost_aten
+
+    k = v.kernels
+    ops = v.trace.ops
+    none: pd.DataFrame = k.iloc[:0]
+    names = ops["name"].astype(str)
+    heads = {d for d in per_shape(ops, np.flatnonzero((names == SDPA).to_numpy()), _last_dim).tolist()
+             if d and d % SDPA_HEAD_ALIGN}
+    if not heads:
+        return none
+    cand = k[(k["family"].astype(str) == "copy").to_numpy() & (k["op"].to_numpy() >= 0)]
+    if cand.empty:
+        return none
+    inner = cand["op"].to_numpy().astype(np.int64)
+    outer = outermost_aten(ops, inner)
+    on = names.to_numpy()[outer]
+    d_in = per_shape(ops, inner, _last_dim).reindex(inner).to_numpy(dtype=np.int64)
+    d_out = per_shape(ops, outer, _last_dim).reindex(outer).to_numpy(dtype=np.int64)
+    pads = {-(-d // SDPA_HEAD_ALIGN) * SDPA_HEAD_ALIGN for d in heads}
+    is_d, is_p = np.isin(d_in, list(heads)), np.isin(d_in, list(pads))
+    fill = cand["op_name"].astype(str).str.startswith("aten::fill").to_numpy()
+    hit = (on == "aten::constant_pad_nd") & np.isin(d_out, list(heads | pads))
+    hit |= (on == "aten::slice_backward") & np.isin(d_out, list(heads))
+    hit |= pd.Series(on).str.contains("scaled_dot_product", regex=False).to_numpy() \
+        & pd.Series(on).str.endswith("_backward").to_numpy() & is_p
+    fwd = on == SDPA
+    hit |= fwd & fill & is_p
+    # per SDPA call, as many [..., D] copies as padded buffers it filled: the call's last ones
+    call = pd.Series(outer)
+    n_fill = call[fwd & fill & is_p].value_counts()
+    copies = fwd & ~fill & is_d
+    if copies.any():
+        rank_from_end = call[copies].iloc[::-1].groupby(call[copies].iloc[::-1]).cumcount().iloc[::-1]
+        keep = rank_from_end.to_numpy() < n_fill.reindex(call[copies].to_numpy()).fillna(0).to_numpy()
+        idx = np.flatnonzero(copies)
+        hit[idx[keep]] = True
+    return cand[hit]
 
 
 def _rates(ref: gemmref.Reference, dtype: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.ndarray:
@@ -117,7 +180,7 @@ def _rates(ref: gemmref.Reference, dtype: np.ndarray, m: np.ndarray, n: np.ndarr
 
 
 def _candidate(v: Any, bad: pd.DataFrame, saved: np.ndarray, after: np.ndarray, dims_seen: dict[int, float],
-               vocab: set[int], source: str, good: pd.DataFrame) -> Candidate:
+               vocab: set[int], source: str, good: pd.DataFrame, padding: pd.DataFrame | None = None) -> Candidate:
     worst = max(dims_seen, key=lambda n: dims_seen[n]) if dims_seen else None
     what = f"dimension {worst}" + (" (the vocabulary size)" if worst in vocab else "") if worst else "GEMM shapes"
     others = [n for n in sorted(dims_seen, key=lambda n: -dims_seen[n]) if n != worst][:4]
@@ -138,20 +201,24 @@ def _candidate(v: Any, bad: pd.DataFrame, saved: np.ndarray, after: np.ndarray, 
     roof = 100 * bad["t_roof_us"].sum() / bad["dur"].sum()
     eff = float(good["t_roof_us"].sum() / good["dur"].sum()) if good["dur"].sum() > 0 else float("nan")
     align = ALIGN.get(str(bad["math_dtype"].iloc[0]), 8)
-    confidence, idle_ms = gpu_side_confidence(v, float(saved.sum()) / v.n_steps)
+    pad = padding if padding is not None else bad.iloc[:0]
+    pad_us = float(pad["dur"].sum())
+    confidence, idle_ms = gpu_side_confidence(v, (float(saved.sum()) + pad_us) / v.n_steps)
     return Candidate(
         id="GP-SHAPE-001", category="shape_alignment",
         title=f"GEMMs with {what} not a multiple of {align} run at {roof:.0f}% of the tensor-core roof"
               + (" on pre-Hopper fallback kernels, limited by on-chip memory and issue rate" if len(fb) else ""),
         confidence=confidence,
         recommendation=fix + ". Check batch×sequence and hidden sizes (d_model, FFN, heads × head_dim) the same way.",
-        units=v.kernel_units(bad.index, saved),
+        # the padding copies go (saved = their duration): the replay removes them with their launches
+        units={**v.kernel_units(bad.index, saved), **v.kernel_units(pad.index, pad["dur"].to_numpy(dtype=float))},
         evidence={
             "rank": v.rank,
             "misaligned_dims_saving_ms_per_step": {str(n): round(ms(t) / v.n_steps, 3) for n, t in
                                                    sorted(dims_seen.items(), key=lambda x: -x[1])},
             "gemm_ms_per_step": round(ms(bad["dur"].sum()) / v.n_steps, 3),
             "estimated_ms_per_step_after": round(ms(float(np.sum(after))) / v.n_steps, 3),
+            "head_dim_padding_ms_per_step": round(ms(pad_us) / v.n_steps, 3),
             "achieved_tflops": round(float(bad["flops"].sum() / (bad["dur"].sum() * 1e-6) / 1e12), 1),
             "aligned_gemm_roofline_pct_in_trace": round(100 * eff, 1) if np.isfinite(eff) else None,
             "fallback_kernels": top_names(fb) if len(fb) else [],

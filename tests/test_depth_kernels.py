@@ -49,6 +49,31 @@ def test_every_gemm_misaligned_is_found_and_priced(bad: str, good: str) -> None:
     assert g is None or g.estimated_savings_pct < 5.0
 
 
+@pytest.mark.parametrize("bad,good", [("gpt_misaligned", "gpt_aligned"), ("llama_misaligned", "llama_aligned")])
+def test_misaligned_head_dim_padding_copies_go(bad: str, good: str) -> None:
+    """gpt.py (head dim 255) and the HF Llama (102): SDPA pads q/k/v to a multiple of 8 and
+    autograd un-pads the gradients; the finding claims those copies, no more than the copy
+    kernels the aligned twin does not run, and the aligned twin has none."""
+    from gpuprof.analyzers._base import release_views, views
+    from gpuprof.analyzers.shape_alignment import head_padding
+
+    def copy_ms(name: str) -> float:
+        a = analysis(name)
+        k = a.kernels
+        return float(k.loc[(k["step"] >= 0) & (k["family"] == "copy"), "dur"].sum()) / a.summary["steps"] / 1e3
+
+    f = finding(bad, "shape_alignment")
+    assert f is not None
+    pad = f.evidence["head_dim_padding_ms_per_step"]
+    assert 0.5 * (copy_ms(bad) - copy_ms(good)) < pad <= 1.1 * (copy_ms(bad) - copy_ms(good))
+    a = analysis(good)
+    (v,) = views(a)
+    try:
+        assert head_padding(v).empty
+    finally:
+        release_views(a)
+
+
 def test_vocab_pair_keeps_working() -> None:
     """gpt_bf16, the fixed twin, is host-bound (12.83 ms for 8.44 ms of kernels) while the bad
     trace is GPU-bound: the estimate lies between the host floor and the GPU's saving."""
