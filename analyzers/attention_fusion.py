@@ -109,7 +109,9 @@ def _attention_t(ops: Any, rows: np.ndarray) -> np.ndarray:
     a matmul producing one, else 0."""
     codes, sq = shape_codes(ops, rows, _square)
     pcodes, prod = shape_codes(ops, rows, _score_product, by_name=True)
-    return np.maximum(np.array([*sq, 0], dtype=np.int64)[codes], np.array([*prod, 0], dtype=np.int64)[pcodes])
+    out: np.ndarray = np.maximum(np.array([*sq, 0], dtype=np.int64)[codes],
+                                 np.array([*prod, 0], dtype=np.int64)[pcodes])
+    return out
 
 
 def _mask_ops(ops: Any, rows: np.ndarray, t: int) -> np.ndarray:

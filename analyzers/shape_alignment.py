@@ -166,7 +166,8 @@ def head_padding(v: Any) -> pd.DataFrame:
         keep = rank_from_end.to_numpy() < n_fill.reindex(call[copies].to_numpy()).fillna(0).to_numpy()
         idx = np.flatnonzero(copies)
         hit[idx[keep]] = True
-    return cand[hit]
+    found: pd.DataFrame = cand[hit]
+    return found
 
 
 def _rates(ref: gemmref.Reference, dtype: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.ndarray:

@@ -49,7 +49,7 @@ def evaluate() -> list[dict[str, Any]]:
     used = fixes.REPLAY_USED
     fixes.REPLAY_USED = frozenset()  # the analyzers' own estimates, with the replay in the evidence
     try:
-        rows = []
+        rows: list[dict[str, Any]] = []
         names = {x.name for x in REGISTRY}
         for cat, bad, good in all_pairs():
             a = gpuprof.analyze(trace_path(bad), step_ms=step_ms(bad), cache=False)
