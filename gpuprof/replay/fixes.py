@@ -7,8 +7,9 @@ the categories in ``REPLAY_USED``: the step replayed with and without the fix is
 
 * kernel units ``("k", rank, row)``: that kernel runs ``(dur − saved) / dur`` as long; one the fix
   does away with (``saved >= dur``: a layout transpose) goes with its launch. For a fusion
-  (``FUSING``) each run of claimed kernels back to back on one stream becomes one kernel of the
-  run's new time, and the other kernels' launches and the host work before them go. ``compile``
+  (``FUSING``) each run of claimed kernels back to back on one stream (a memset their own ops
+  issue between them does not end it) becomes one kernel of the run's new time, and the other
+  kernels' launches and the host work before them go. ``compile``
   (``REGROUPING``) regroups its kernels as the analyzer models Inductor (one kernel per iteration
   space of a run, split-reduction passes in place of kernels that go:
   :func:`gpuprof.analyzers.compile_fusion.inductor_plan`), and its host chain keeps the eager host
@@ -192,7 +193,7 @@ def apply(g: Graph, v: RankView, category: str, units: dict[tuple[Any, ...], flo
         elif category in FUSING:
             # memsets issued by the fused ops themselves (cuBLAS's workspace clear under aten::bmm)
             m = t.memcpys
-            memset_rows = np.flatnonzero(((m["kind"].astype(str) == "Memset")
+            memset_rows = np.flatnonzero(((m["kind"].astype(str) == "Memset") & (m["op"] >= 0)
                                           & m["op"].isin(t.kernels["op"].to_numpy()[k_rows])).to_numpy()) \
                 if {"kind", "op"} <= set(m.columns) and "op" in t.kernels.columns else np.zeros(0, np.int64)
             g = _fuse_runs(g, sel, g.a_dur * fac[np.minimum(g.a_row, len(fac) - 1)] if len(fac) else g.a_dur,
