@@ -32,7 +32,8 @@ Cross-rank fixes (``exposed_communication``, ``rank_imbalance``) are not replaye
 analysis sees one rank's graph, and a collective's end depends on the other ranks' arrival.
 
 The graph is first deflated to its host floor (:func:`gpuprof.replay.host_bounds`): the identified
-profiler cost where the unprofiled step measures the host; where it does not (the GPU sets that
+host where the unprofiled step measures it (the trace's bracket cost per event, then one host-speed
+factor); where it does not (the GPU sets that
 step, or it is unknown), each fix is also replayed with the host taken out and priced between.
 See docs/replay.md for the assumptions and the accuracy table.
 """
@@ -487,7 +488,7 @@ def plan(v: RankView, kept: Sequence[tuple[Candidate, dict[tuple[Any, ...], floa
     try:
         raw = build([t])
         hb = host_bounds(raw, real_step_ms, bracket_cost_us(t))
-        g = deflate(raw, hb.floor_us) if hb.floor_us > 0 else raw
+        g = hb.apply(raw)
         free = None if hb.identified else host_free(raw)
     except GpuprofError:
         return None
