@@ -187,6 +187,11 @@ def evaluate() -> list[dict[str, Any]]:
     return rows
 
 
+def host_bound(stem: str) -> bool:
+    """Whether the process's step is set by its host (the CNNs' by the GPU: README.md there)."""
+    return not stem.startswith(("resnet", "convnext"))
+
+
 def errors(rows: list[dict[str, Any]], model: str, host_bound_only: bool = True) -> list[float]:
     """Per region of ``model`` that lasts at least 0.3 ms unprofiled, on the host-bound processes
     (a GPU-bound one's regions include the host's waits for a full launch queue): how much the
@@ -197,7 +202,7 @@ def errors(rows: list[dict[str, Any]], model: str, host_bound_only: bool = True)
     traced = {r["stem"]: r for r in rows if r["model"] == "traced"}
     out = []
     for r in rows:
-        if r["model"] != model or (host_bound_only and r["stem"].startswith(("resnet", "convnext"))):
+        if r["model"] != model or (host_bound_only and not host_bound(r["stem"])):
             continue
         t = traced[r["stem"]]
         for k, v in r["regions"].items():

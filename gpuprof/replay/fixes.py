@@ -67,13 +67,10 @@ if TYPE_CHECKING:
 REPLAY_USED: frozenset[str] = frozenset({
     "precision", "shape_alignment", "attention_fusion", "elementwise_fusion", "optimizer_fusion",
     "launch_overhead", "input_pipeline", "pageable_memcpy", "memory_format",
-    "allocator_churn", "host_stall", "compile",
+    "allocator_churn", "host_stall", "compile", "host_sync",
 })
 #: Why a priced category's replay is not its estimate.
 PRICED_NOT_USED_WHY = {
-    "host_sync": "replay priced gpt_host_sync at +75 % of its realised saving (today's estimate +20 %): one profiler "
-                 "cost per recorded event cannot fit both its norm().item() ops and the rest of the step, so the "
-                 "deflated host is too fast once the syncs go (docs/replay.md)",
     "memory_bound_decode": "no real pair with a realised saving to validate the replay on (the 8-bit fix was not run)",
     "gpu_throttling": "no real pair with a realised saving to validate the replay on",
 }
