@@ -33,8 +33,8 @@ analysis sees one rank's graph, and a collective's end depends on the other rank
 
 The graph is first deflated to its host floor (:func:`gpuprof.replay.host_bounds`): the identified
 host where the unprofiled step measures it (the trace's bracket cost per event, then one host-speed
-factor); where it does not (the GPU sets that
-step, or it is unknown), each fix is also replayed with the host taken out and priced between.
+factor); where it does not (the GPU sets that step, or it is unknown), each fix is also replayed
+with the host taken out and priced between.
 See docs/replay.md for the assumptions and the accuracy table.
 """
 
@@ -467,11 +467,13 @@ def _drop_syncing_ops(g: Graph, v: RankView, waiting: np.ndarray, to_host: np.nd
     # the program's own work, not the fetch's
     idx = np.flatnonzero(inside)
     at = g.h_ts[idx] - g.rank_offset_us[g.h_rank[idx]]
-    sp = np.array(spans, dtype=float).reshape(-1, 3)
-    sp = sp[np.argsort(sp[:, 0], kind="stable")]
-    k = np.searchsorted(sp[:, 0], at, side="right") - 1
-    within = (k >= 0) & (at <= sp[np.maximum(k, 0), 1]) if len(sp) else np.zeros(len(idx), dtype=bool)
-    in_op = np.where(within, np.maximum(at - sp[np.maximum(k, 0), 0] if len(sp) else 0.0, 0.0), np.inf)
+    in_op = np.full(len(idx), np.inf)  # a waiting call in no aten op: its whole gap, as before
+    if spans:
+        sp = np.array(spans, dtype=float)
+        sp = sp[np.argsort(sp[:, 0], kind="stable")]
+        k = np.maximum(np.searchsorted(sp[:, 0], at, side="right") - 1, 0)
+        within = (at >= sp[k, 0]) & (at <= sp[k, 1])
+        in_op[within] = at[within] - sp[k[within], 0]
     gap = g.h_gap.copy()
     gap[idx] = np.where(gap[idx] > 0, gap[idx] - np.minimum(gap[idx], in_op), gap[idx])
     return replace(g, h_gap=gap, h_dur=np.where(inside, 0.0, g.h_dur))
