@@ -436,7 +436,7 @@ def _to_host(g: Graph, v: RankView) -> np.ndarray:
     """Mask of the rank's copies that move data from the device to the host."""
     i = g.ranks.index(v.rank)
     kind = v.trace.memcpys["kind"].astype(str).to_numpy() if len(v.trace.memcpys) else np.array([], dtype=object)
-    out = (g.a_rank == i) & (g.a_kind == 1) & (g.a_row < len(kind))
+    out: np.ndarray = (g.a_rank == i) & (g.a_kind == 1) & (g.a_row < len(kind))
     out[out] = kind[g.a_row[out]] == "DtoH"
     return out
 
