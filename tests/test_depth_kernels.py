@@ -86,8 +86,11 @@ def test_vocab_pair_keeps_working() -> None:
 def test_bert_vocab_saving_is_the_kernels_not_the_shape() -> None:
     """30522 -> 30528 made the unprofiled step slower (host-bound run): the finding prices what the
     fallback GEMMs' GPU time would fall to, which the padded twin's trace confirms, and says the
-    GPU idles longer than that (medium confidence), instead of claiming a step-time saving as sure."""
-    f = finding("bert_vocab30522", "shape_alignment")
+    GPU idles longer than that (medium confidence), instead of claiming a step-time saving as sure.
+    Its replayed saving (0.01 ms, 0.08 % of the step, with the identified host model) can fall below
+    what a user could see, which makes it a note: it is looked up there too."""
+    a = analysis("bert_vocab30522")
+    f = next((x for x in (*a.findings, *a.notes) if x.category == "shape_alignment"), None)
     assert f is not None and f.confidence == "medium"
     assert f.evidence["gpu_idle_ms_per_step"] > f.evidence["gpu_time_saved_ms_per_step"]
     gpu_side = gpu_busy_ms("bert_vocab30522") - gpu_busy_ms("bert_vocab30528")

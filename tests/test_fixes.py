@@ -8,7 +8,7 @@ import pytest
 import gpuprof
 from benchmarks.pairs import step_ms, step_noise_ms
 from gpuprof.analyzers._base import bracket_cost_us
-from gpuprof.replay import build, deflate, fixes, host_bounds, run, steady_ms
+from gpuprof.replay import build, fixes, host_bounds, run, steady_ms
 from gpuprof.ranks import load_trace_cached
 from tests.conftest import SAMPLES
 
@@ -28,8 +28,8 @@ def test_what_if_nothing_is_the_unmodified_replay(analysed: tuple[str, gpuprof.A
     g = build([t])
     hb = host_bounds(g, step_ms(name), bracket_cost_us(t))
     assert hb.identified  # host-bound defects: the real step measures the host
-    base = run(deflate(g, hb.floor_us))
-    unchanged = steady_ms(deflate(g, hb.floor_us))
+    base = run(hb.apply(g))
+    unchanged = steady_ms(hb.apply(g))
     w = a.what_if([])
     assert w["step_time_ms"] == pytest.approx(unchanged, rel=1e-9)
     assert w["before_ms"] == pytest.approx(unchanged, rel=1e-9)

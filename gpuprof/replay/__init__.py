@@ -4,8 +4,9 @@
 job: :func:`gpuprof.replay.graph.build`), replays it (:func:`gpuprof.replay.simulate.simulate`)
 and returns the step times. ``what_if(graph, transforms)`` replays a graph before and after a
 list of transformations (:mod:`gpuprof.replay.transforms`), which is how a fix is priced.
-Under the profiler the host runs slower than without it; :func:`deflate` removes the profiler's
-cost per recorded host event (``gpuprof.ranks.event_cost_us``) before a fix is priced.
+Under the profiler the host runs slower than without it; before a fix is priced the host is
+taken back to the unprofiled one (:func:`host_bounds`: the trace's own bookkeeping cost per
+recorded event, :func:`deflate`, then one host-speed factor, :func:`host_speed`).
 See docs/replay.md.
 """
 
@@ -19,7 +20,7 @@ import numpy as np
 
 from gpuprof.replay.graph import Graph, build
 from gpuprof.replay.simulate import Times, simulate, step_windows
-from gpuprof.replay.transforms import deflate
+from gpuprof.replay.transforms import deflate, shrink_host, shrink_tail
 from gpuprof.trace.model import RankTrace
 
 if TYPE_CHECKING:
@@ -179,15 +180,50 @@ def calibrate(g: Graph, real_step_ms: float, tol: float = 0.002, max_iter: int =
     return _smallest_cost(g, real_step_ms, lambda x: run(x).period_ms, top, mean, tol, max_iter)
 
 
+def host_speed(g: Graph, s: float) -> Graph:
+    """``g`` with every host span (the gaps, the calls, a waiting call's return after the GPU work
+    it waited for) ``s`` × as long: the host run ``1 / s`` × as fast. A call's wait for the GPU is
+    untouched."""
+    if s == 1.0:
+        return g
+    every = np.ones(g.n_host, dtype=bool)
+    return shrink_tail(shrink_host(g, every, s), every, s)
+
+
+def _largest_speed(g: Graph, target_ms: float, tol: float, max_iter: int) -> float:
+    """The largest host-speed factor ``s`` in (0, 1] whose steady step (:func:`steady_ms` of
+    :func:`host_speed`) is no slower than ``target_ms``, by bisection (the step only falls as
+    ``s`` does); a replay within ``tol`` of the target ends the search."""
+    lo, hi = 0.0, 1.0
+    for _ in range(max_iter):
+        if hi - lo <= 1e-4:
+            break
+        mid = 0.5 * (lo + hi)
+        got = steady_ms(host_speed(g, mid))
+        if got > target_ms:
+            hi = mid
+        else:
+            lo = mid
+            if got >= target_ms * (1 - tol):
+                break
+    return lo
+
+
 @dataclass(frozen=True)
 class HostBounds:
     """What a trace says about the unprofiled host: ``floor_us``, the profiler's cost per recorded
-    event of the slowest host the evidence allows (the identified cost where the real step
-    measures the host); ``identified`` whether that is the host (else the fastest host the
-    evidence allows is no host at all, and the unprofiled host lies between)."""
+    event taken out first (its bookkeeping), and ``speed``, the factor on all host time left after
+    it (1: none), together the slowest host the evidence allows (the identified host where the real
+    step measures it); ``identified`` whether that is the host (else the fastest host the evidence
+    allows is no host at all, and the unprofiled host lies between)."""
 
     floor_us: float
     identified: bool
+    speed: float = 1.0
+
+    def apply(self, g: Graph) -> Graph:
+        """``g`` with this host: deflated by ``floor_us`` per event, then ``speed`` × as long."""
+        return host_speed(deflate(g, self.floor_us) if self.floor_us > 0 else g, self.speed)
 
 
 def host_bounds(g: Graph, real_step_ms: float | None, bracket_us: float, tol: float = 0.002,
@@ -196,12 +232,19 @@ def host_bounds(g: Graph, real_step_ms: float | None, bracket_us: float, tol: fl
     (:func:`steady_ms`), from the trace's own evidence:
 
     * the unprofiled step holds the host up (a host of no cost replays faster than it by more than
-      ``HOST_SEEN``): the smallest cost per event that replays it is the profiler's cost, identified;
+      ``HOST_SEEN``): the host is identified as ``bracket_us`` per recorded event (the trace's own
+      measure of the profiler's bookkeeping per event: ``analyzers._base.bracket_cost_us``) and one
+      speed factor on all host time left, the largest that replays the real step. Measured region
+      by region (sample_traces/regions, ``python -m benchmarks.host_regions``), the profiler slows
+      the Python and dispatch work of a host-bound step about 2x whatever its events per ms (1.7-10
+      µs per event between regions of one step), while a few large C++ calls barely slow: one cost
+      per event had put the whole slowdown on event-dense work (backward replayed 44 % too fast in
+      two_sync_forloop, the norm loop 65 % too slow). Where the bracket alone already replays
+      faster than the real step, the smallest cost per event that replays it (no speed factor);
     * the GPU sets the unprofiled step: the host kept up with the GPU, so the cost is at least the
       smallest that replays no slower than the real step (the host pinned at the GPU's speed), and
-      at least ``bracket_us``, the trace's own estimate of the profiler's cost per event
-      (``analyzers._base.bracket_cost_us``: below the cost measured from the step times on 33 of
-      34 samples). The larger is the floor: the real host is at least that fast, maybe faster;
+      at least ``bracket_us``. The larger is the floor: the real host is at least that fast, maybe
+      faster;
     * no unprofiled step: ``bracket_us`` is the only evidence, a floor as above."""
     if not real_step_ms:
         return HostBounds(bracket_us, False)
@@ -212,7 +255,10 @@ def host_bounds(g: Graph, real_step_ms: float | None, bracket_us: float, tol: fl
     if free < real_step_ms * (1 - HOST_SEEN):
         if not steady_ms(g) > real_step_ms * (1 + tol):
             return HostBounds(0.0, True)
-        return HostBounds(_smallest_cost(g, real_step_ms, steady_ms, top, mean, tol, max_iter), True)
+        base = deflate(g, bracket_us) if bracket_us > 0 else g
+        if steady_ms(base) <= real_step_ms * (1 + tol):
+            return HostBounds(_smallest_cost(g, real_step_ms, steady_ms, top, mean, tol, max_iter), True)
+        return HostBounds(bracket_us, True, _largest_speed(base, real_step_ms, tol, max_iter))
     # the host-free replay can read a little slower than the real step (the replay's own error):
     # the host kept up when it replays no slower than that
     target = max(real_step_ms, free) * (1 + tol)
@@ -243,4 +289,4 @@ def what_if(g: Graph, transforms: Sequence[Transform]) -> WhatIf:
 
 
 __all__ = ["Graph", "HostBounds", "Replayed", "Times", "Transform", "WhatIf", "build", "calibrate", "deflate", "host_bounds",
-           "host_only", "replay", "run", "simulate", "steady_ms", "traces_of", "what_if"]
+           "host_only", "host_speed", "replay", "run", "simulate", "steady_ms", "traces_of", "what_if"]

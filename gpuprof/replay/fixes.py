@@ -33,8 +33,9 @@ Cross-rank fixes (``exposed_communication``, ``rank_imbalance``) are not replaye
 analysis sees one rank's graph, and a collective's end depends on the other ranks' arrival.
 
 The graph is first deflated to its host floor (:func:`gpuprof.replay.host_bounds`): the identified
-profiler cost where the unprofiled step measures the host; where it does not (the GPU sets that
-step, or it is unknown), each fix is also replayed with the host taken out and priced between.
+host where the unprofiled step measures it (the trace's bracket cost per event, then one host-speed
+factor); where it does not (the GPU sets that step, or it is unknown), each fix is also replayed
+with the host taken out and priced between.
 See docs/replay.md for the assumptions and the accuracy table.
 """
 
@@ -67,13 +68,10 @@ if TYPE_CHECKING:
 REPLAY_USED: frozenset[str] = frozenset({
     "precision", "shape_alignment", "attention_fusion", "elementwise_fusion", "optimizer_fusion",
     "launch_overhead", "input_pipeline", "pageable_memcpy", "memory_format",
-    "allocator_churn", "host_stall", "compile",
+    "allocator_churn", "host_stall", "compile", "host_sync",
 })
 #: Why a priced category's replay is not its estimate.
 PRICED_NOT_USED_WHY = {
-    "host_sync": "replay priced gpt_host_sync at +75 % of its realised saving (today's estimate +20 %): one profiler "
-                 "cost per recorded event cannot fit both its norm().item() ops and the rest of the step, so the "
-                 "deflated host is too fast once the syncs go (docs/replay.md)",
     "memory_bound_decode": "no real pair with a realised saving to validate the replay on (the 8-bit fix was not run)",
     "gpu_throttling": "no real pair with a realised saving to validate the replay on",
 }
@@ -419,9 +417,17 @@ def _gap_fix(g: Graph, v: RankView, category: str, gi: np.ndarray, saved: np.nda
         # device-to-host copy an `.item()` waits on
         from gpuprof.trace.names import SYNC_CALLS
 
-        waiting = calls & (g.h_wait >= 0) & np.isin(g.h_name, list(SYNC_NAMES | SYNC_CALLS | COPY_NAMES))
+        # a copy that waits is the fetch only when it brings the value to the host: a blocking
+        # host-to-device `.to()` (a pageable batch) still has its data to move, which is
+        # pageable_memcpy's fix (vision_pageable's had been priced at the whole 77 MB copy)
+        to_host = _to_host(g, v)
+        fetches = np.zeros(g.n_host, dtype=bool)
+        fetches[g.a_launch[to_host & (g.a_launch >= 0)]] = True
+        every = SYNC_NAMES | SYNC_CALLS | COPY_NAMES
+        syncs = np.isin(g.h_name, [n for n in every if "ynchronize" in n])
+        waiting = calls & (g.h_wait >= 0) & (syncs | (np.isin(g.h_name, list(every)) & fetches))
         g = tf.drop_waits(g, waiting)
-        g = _drop_syncing_ops(g, v, waiting)
+        g = _drop_syncing_ops(g, v, waiting, to_host)
     if category == "host_stall":
         g = _remove_one_off(g, v, mine, ts, rows, lo, hi)
     g = tf.shrink_host(g, calls, factor)
@@ -443,10 +449,19 @@ def _gap_fix(g: Graph, v: RankView, category: str, gi: np.ndarray, saved: np.nda
     return tf.shrink_latency(g, ending, f_act)
 
 
-def _drop_syncing_ops(g: Graph, v: RankView, waiting: np.ndarray) -> Graph:
+def _to_host(g: Graph, v: RankView) -> np.ndarray:
+    """Mask of the rank's copies that move data from the device to the host."""
+    i = g.ranks.index(v.rank)
+    kind = v.trace.memcpys["kind"].astype(str).to_numpy() if len(v.trace.memcpys) else np.array([], dtype=object)
+    out: np.ndarray = (g.a_rank == i) & (g.a_kind == 1) & (g.a_row < len(kind))
+    out[out] = kind[g.a_row[out]] == "DtoH"
+    return out
+
+
+def _drop_syncing_ops(g: Graph, v: RankView, waiting: np.ndarray, to_host: np.ndarray) -> Graph:
     """With the value kept on the GPU, the op that fetched it (``aten::item``, ``.cpu()``: the
     outermost aten op around each waiting call) no longer runs: its runtime calls cost nothing,
-    with the host work before each, and its device-to-host copy goes."""
+    with the host work before each inside the op, and its device-to-host copy goes."""
     from gpuprof.analyzers._base import outermost_aten
 
     t = v.trace
@@ -462,9 +477,23 @@ def _drop_syncing_ops(g: Graph, v: RankView, waiting: np.ndarray) -> Graph:
     spans = list(zip(ops["ts"].to_numpy(dtype=float)[rows], ops["end"].to_numpy(dtype=float)[rows],
                      ops["tid"].to_numpy()[rows]))
     inside = tf.calls_within(g, v.rank, rt["tid"].to_numpy(), spans) | waiting
-    copies = tf.activities_launched_by(g, inside) & (g.a_kind == 1)
+    copies = tf.activities_launched_by(g, inside) & to_host
     g = tf.remove_activities(g, copies, with_launch=False)
-    return tf.shrink_host(g, inside, 0.0)
+    # the host work before a call goes only as far as it lies inside the op: what ran before the
+    # op began (gpt_python_inline: 20 ms of tokenising before the batch's blocking `.to()`) is
+    # the program's own work, not the fetch's
+    idx = np.flatnonzero(inside)
+    at = g.h_ts[idx] - g.rank_offset_us[g.h_rank[idx]]
+    in_op = np.full(len(idx), np.inf)  # a waiting call in no aten op: its whole gap, as before
+    if spans:
+        sp = np.array(spans, dtype=float)
+        sp = sp[np.argsort(sp[:, 0], kind="stable")]
+        k = np.maximum(np.searchsorted(sp[:, 0], at, side="right") - 1, 0)
+        within = (at >= sp[k, 0]) & (at <= sp[k, 1])
+        in_op[within] = at[within] - sp[k[within], 0]
+    gap = g.h_gap.copy()
+    gap[idx] = np.where(gap[idx] > 0, gap[idx] - np.minimum(gap[idx], in_op), gap[idx])
+    return replace(g, h_gap=gap, h_dur=np.where(inside, 0.0, g.h_dur))
 
 
 def _remove_one_off(g: Graph, v: RankView, mine: np.ndarray, ts: np.ndarray, rows: np.ndarray,
@@ -504,7 +533,7 @@ def plan(v: RankView, kept: Sequence[tuple[Candidate, dict[tuple[Any, ...], floa
     try:
         raw = build([t])
         hb = host_bounds(raw, real_step_ms, bracket_cost_us(t))
-        g = deflate(raw, hb.floor_us) if hb.floor_us > 0 else raw
+        g = hb.apply(raw)
         free = None if hb.identified else host_free(raw)
     except GpuprofError:
         return None
