@@ -158,7 +158,12 @@ def test_cross_rank_findings_carry_their_replay(slow_rank: gpuprof.Analysis) -> 
     ev = f.evidence
     assert ev["replay_after_ms"] < ev["replay_before_ms"]
     assert ev["replay_before_ms"] == pytest.approx(step_ms("ddp_slow_rank"), rel=0.03)
-    assert "replay_not_used" in ev and "estimate" in ev and ev["estimate"] != "replay"
+    # the replay is the estimate: the job's slowest rank before - after
+    assert ev["estimate"] == "replay" and "replay_not_used" not in ev
+    assert f.estimated_savings_ms == pytest.approx(ev["replay_before_ms"] - ev["replay_after_ms"], abs=0.01)
+    # and within 20 % of what balancing realised (ddp_slow_rank -> ddp_good, one session)
+    realised = step_ms("ddp_slow_rank") - step_ms("ddp_good")
+    assert abs(f.estimated_savings_ms / realised - 1) < 0.2, (f.estimated_savings_ms, realised)
 
 
 def test_what_if_on_several_ranks(slow_rank: gpuprof.Analysis) -> None:

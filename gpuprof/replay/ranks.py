@@ -31,7 +31,7 @@ instance on every rank would move each trace's ends by the clocks' error. Ranks 
 trace (2 of a job's 8 files, say) are not seen: their wait stays inside the transfer time.
 
 **Cross-rank transformations**: :func:`rebalance` (rank_imbalance: a slow rank's stretches of host
-work longer than any of the median rank's are cut to it) and :func:`overlap`
+work longer than any of the median rank's become a typical gap of it) and :func:`overlap`
 (exposed_communication: collectives run behind compute, issued from C++, as DDP's bucketed
 all-reduce is), applied by :func:`cross_fix`; :func:`fix_steps` prices them on the job, the
 slowest rank's replayed step before and after (docs/replay.md, "Cross-rank replay").
@@ -258,27 +258,32 @@ def rebalance(g: Graph, ranks: Sequence[int] | None = None) -> Graph:
     lower median, so with two ranks the faster one's). The ranks of one data-parallel job run the
     same program, so a stretch of host work longer than any the median rank has in its profiled
     steps (a busy loop, a straggler's data loading, logging, a checkpoint) is extra: each such gap
-    between the slow rank's calls is cut to the median rank's longest. If the slow rank's host
-    time per step (its gaps) still exceeds the median rank's, the rest is cut from its longest
-    gaps, all to one level (:func:`~gpuprof.replay.transforms.trim_host`: a uniformly slower host).
-    The per-step totals alone are not the measure: a rank held up by the slow one spends part of
-    its own gaps blocked behind it (launch back-pressure the trace does not mark), which inflates
-    the median. ``ranks``: only these (by rank number) are cut; by default every rank above the
-    median."""
+    between the slow rank's calls becomes the median rank's typical (median) gap, the time between
+    two calls where no extra work runs. Not its longest: that is the largest legitimate host
+    stretch of the step, and a stretch split by another thread's call (the NCCL watchdog's
+    ``cudaEventQuery`` in the middle of a busy loop) would keep it once per piece. If the slow
+    rank's host time per step (its gaps) still exceeds the median rank's, the rest is cut from
+    its longest gaps, all to one level (:func:`~gpuprof.replay.transforms.trim_host`: a uniformly
+    slower host). The per-step totals alone are not the measure: a rank held up by the slow one
+    spends part of its own gaps blocked behind it (launch back-pressure the trace does not mark),
+    which inflates the median. ``ranks``: only these (by rank number) are cut; by default every
+    rank above the median."""
     per = host_per_step(g)
     if len(per) < 2:
         return g
     level = float(np.percentile(per, 50, method="lower"))
     ref = int(np.flatnonzero(per == level)[0])
     inside = (g.h_step >= 0) & (g.h_gap > 0)
-    longest = float(g.h_gap[inside & (g.h_rank == ref)].max(initial=0.0))
+    ref_gaps = g.h_gap[inside & (g.h_rank == ref)]
+    longest = float(ref_gaps.max(initial=0.0))
+    typical = float(np.median(ref_gaps)) if len(ref_gaps) else 0.0
     steps = np.bincount(g.s_rank, minlength=len(g.ranks))
     gap = g.h_gap.copy()
     for i, r in enumerate(g.ranks):
         if (ranks is not None and r not in ranks) or per[i] <= level:
             continue
-        mine = inside & (g.h_rank == i)
-        gap[mine] = np.minimum(gap[mine], longest)
+        extra = inside & (g.h_rank == i) & (gap > longest)
+        gap[extra] = typical
     g = replace(g, h_gap=gap)
     rest = host_per_step(g)
     for i, r in enumerate(g.ranks):
