@@ -223,6 +223,10 @@ class Analysis:
     #: ``IN_PROCESS_MAX_BYTES``): what ``ranks`` gives without loading them again. Unlike
     #: ``results``, the report reads as for ranks analysed apart.
     frames: tuple[RankResult, ...] | None = field(default=None, repr=False, compare=False)
+    #: Several ranks: each rank's unchanged trace replayed alone (its mean step window, ms; None
+    #: where it has no graph), computed where the rank was analysed (``findings_job``), so the
+    #: summary's ``replay_step_time_ms`` needs no frames here. See :meth:`_replay_step_ms`.
+    rank_replay_ms: tuple[float | None, ...] | None = None
 
     # --- frames ----------------------------------------------------------------------------
     @cached_property
@@ -359,6 +363,9 @@ class Analysis:
         Several ranks: the job is replayed across ranks (gpuprof.replay.ranks) and the step time is
         the slowest rank's; ``by_class_ms`` is not computed there."""
         if len(self.parts) > 1:
+            if sum(p.meta.events for p in self.parts) > _job_replay_max():
+                raise GpuprofError(f"what-if: the job's trace events are more than the cross-rank replay builds in one "
+                                   f"process ({_job_replay_max():,})")
             return self._what_if_job(list(ids))
         p = self._plan()
         if p is None:
@@ -371,28 +378,34 @@ class Analysis:
     def _what_if_job(self, ids: list[str]) -> dict[str, Any]:
         """:meth:`what_if` for several ranks: each rank's findings applied to its part of the job
         graph as for one rank (its units, gpuprof.replay.fixes), the cross-rank ones by their
-        cross-rank transformation; step times are the slowest rank's."""
-        from gpuprof.analyzers import distributed, job_graph, rank_contributions, select
+        cross-rank transformation; step times are the slowest rank's steady-state step. Each rank's
+        plan is the one its findings were priced with where it is at hand (the ranks analysed in
+        this process), else made again with the cross-rank claims, as in the analysis."""
+        from gpuprof.analyzers import distributed, rank_contributions, select
         from gpuprof.replay import fixes
-        from gpuprof.replay.ranks import cross_fix, slowest_ms
+        from gpuprof.replay.ranks import cross_fix, job, rank_graph, slowest_ms
 
-        got = job_graph([r.trace for r in self.ranks], self.parts[0].unprofiled_step_ms)
-        if got is None:
-            raise GpuprofError("what-if: the job has no graph to replay")
-        g, rank_graphs = got
+        ranks = self.ranks
+        plans = [fixes.cached_plan(r.trace) for r in ranks]
+        if any(p is None for p in plans):
+            active, _ = select(self.parts, self.spec)
+            results = {r.trace.meta.rank: r for r in ranks}
+            # each rank's units after the cross-rank findings' claims, as in the analysis (a slow
+            # rank's idle gaps inside the others' waits belong to rank_imbalance, not to launch_overhead)
+            cross = distributed.plan(self.parts, lambda slow, waits, waiting: distributed.slow_detail(
+                results[slow], waits, waiting), [a.name for a in active])
+            for i, part in enumerate(self.parts):
+                if plans[i] is None:
+                    rank_contributions(self.one_rank(part.rank), active, cross.get(part.rank, ()))
+                    plans[i] = fixes.cached_plan(ranks[i].trace)
+        # the graphs the findings were priced on (as traced), joined: no rank's graph built twice
+        rank_graphs = [rank_graph(r.trace, p.raw if p is not None else None) for r, p in zip(ranks, plans)]
+        g = job(rank_graphs, self.parts[0].unprofiled_step_ms)
         before = slowest_ms(g)
         by_id = {f.id: f for f in self.findings}
-        active, _ = select(self.parts, self.spec)
-        results = {r.trace.meta.rank: r for r in self.ranks}
-        # each rank's units after the cross-rank findings' claims, as in the analysis (a slow rank's
-        # idle gaps inside the others' waits belong to rank_imbalance, not to launch_overhead)
-        cross = distributed.plan(self.parts, lambda slow, waits, waiting: distributed.slow_detail(
-            results[slow], waits, waiting), [a.name for a in active])
         applied: set[str] = set()
         after = g
-        for part in self.parts:
-            rank_contributions(self.one_rank(part.rank), active, cross.get(part.rank, ()))
-            p = fixes.cached_plan(self.ranks[[q.rank for q in self.parts].index(part.rank)].trace)
+        for p in plans:
             if p is None:
                 continue
             for i in sorted(set(ids) & set(p.units)):
@@ -406,11 +419,39 @@ class Analysis:
         return {"before_ms": before, "step_time_ms": slowest_ms(after), "by_class_ms": None,
                 "applied": sorted(applied), "not_applied": sorted(set(ids) - applied)}
 
+    def _job_projection(self) -> dict[str, Any]:
+        """:meth:`_projection` for several ranks: :meth:`what_if` of every high- and
+        medium-confidence finding it can apply, so the two agree by construction. The job graph
+        is built in this process, as for the cross-rank findings: not above
+        ``distributed.JOB_REPLAY_MAX_EVENTS``, and only where the ranks' frames are here or a job
+        that small (``IN_PROCESS_MAX_BYTES``) may be loaded again (the bounded many-rank path keeps
+        frames out of this process)."""
+        from gpuprof.analyzers import distributed
+
+        none: dict[str, Any] = {"projected_step_time_ms": None, "projected_findings": []}
+        ids = [f.id for f in self.findings if f.confidence in ("high", "medium")]
+        if not ids or sum(p.meta.events for p in self.parts) > distributed.JOB_REPLAY_MAX_EVENTS:
+            return none
+        here = self.results is not None or self.frames is not None or "ranks" in self.__dict__
+        if not here and not (self.jobs and job_bytes([Path(j.path) for j in self.jobs]) <= IN_PROCESS_MAX_BYTES):
+            return none
+        try:
+            w = self._what_if_job(ids)
+        except GpuprofError:
+            return none
+        applied = [i for i in ids if i in w["applied"]]
+        if not applied:
+            return none
+        return {"projected_step_time_ms": _f(w["step_time_ms"]), "projected_findings": applied,
+                "projected_from_ms": _f(w["before_ms"])}
+
     def _projection(self) -> dict[str, Any]:
         """``projected_step_time_ms``: every high- and medium-confidence fix applied in one replay,
         and which findings that is (``projected_findings``, in the report's order)."""
         none: dict[str, Any] = {"projected_step_time_ms": None, "projected_findings": []}
-        if len(self.parts) != 1 or not self.findings:
+        if len(self.parts) > 1:
+            return self._job_projection()
+        if not self.findings:
             return none
         try:
             p = self._plan()
@@ -426,19 +467,26 @@ class Analysis:
 
     def _replay_step_ms(self) -> float | None:
         """The unchanged trace's step time replayed from its dependency graph (gpuprof.replay):
-        its gap to ``step_time_ms`` is the replay's own error. None for several ranks: a job is
-        replayed as one graph, which would load every rank's frames here; and the summary must
-        read the same whether the ranks were analysed apart or in memory."""
-        if len(self.parts) > 1:
-            return None
-        from gpuprof.replay import fixes, replay, run
+        its gap to ``step_time_ms`` is the replay's own error.
 
+        Several ranks: the mean over ranks of each rank's replayed step windows, as
+        ``step_time_ms`` is the mean of their traced ones. Each rank's graph replays alone to the
+        same times as in the job graph: a coupled collective ends its transfer time after the last
+        rank's arrival, that time being each rank's own traced end less the arrival
+        (gpuprof.replay.ranks), so where nothing is changed the coupling moves no rank
+        (``tests/test_replay_ranks.py`` holds the two equal). The figure is therefore a per-rank
+        quantity, computed where each rank is analysed (``rank_replay_ms``), and no job graph is
+        built for it however many ranks there are."""
+        if len(self.parts) > 1:
+            got_ranks = self.rank_replay_ms
+            if got_ranks is None:
+                got_ranks = tuple(rank_replay_ms(r.trace) for r in self.ranks)
+            ok = [x for x in got_ranks if x is not None]
+            return float(np.mean(ok)) if ok and len(ok) == len(got_ranks) else None
         try:
-            p = fixes.cached_plan(self.ranks[0].trace)  # the graph the findings were priced on
-            got = run(p.raw).step_time_ms if p is not None else replay(self.ranks).step_time_ms
+            return rank_replay_ms(self.ranks[0].trace)
         except GpuprofError:
             return None
-        return got if np.isfinite(got) else None
 
     @property
     def warnings(self) -> list[str]:
@@ -606,6 +654,25 @@ def _f(x: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return v if np.isfinite(v) else None
+
+
+def _job_replay_max() -> int:
+    from gpuprof.analyzers import distributed
+
+    return int(distributed.JOB_REPLAY_MAX_EVENTS)
+
+
+def rank_replay_ms(trace: RankTrace) -> float | None:
+    """One rank's unchanged trace replayed alone (gpuprof.replay): its mean step window (ms), from
+    the graph its findings were priced on when that is at hand; None where it cannot be replayed."""
+    from gpuprof.replay import fixes, replay, run
+
+    try:
+        p = fixes.cached_plan(trace)  # the graph the findings were priced on
+        got = run(p.raw).step_time_ms if p is not None else replay(trace).step_time_ms
+    except GpuprofError:
+        return None
+    return got if np.isfinite(got) else None
 
 
 def _clean(d: Any) -> Any:
@@ -832,23 +899,28 @@ def load_traces(files: Sequence[Path], cache: bool = True, workers: int | None =
         return ex.map(_trace_job, jobs)
 
 
-def findings_job(job: Job, part: RankPart, active: Sequence[str], cross: Sequence[Any]) -> list[Any]:
+def findings_job(job: Job, part: RankPart, active: Sequence[str], cross: Sequence[Any]
+                 ) -> tuple[list[Any], float | None]:
     """Worker, second pass: load the rank again (parse cache), run the per-rank analyzers named
-    in ``active`` with the rank's share of the cross-rank findings, and return its contributions."""
+    in ``active`` with the rank's share of the cross-rank findings, and return its contributions
+    and its unchanged trace's replayed step (:func:`rank_replay_ms`, on the graph just priced)."""
     from gpuprof.analyzers import REGISTRY, rank_contributions
 
     from gpuprof.analyzers._base import Contribution
 
-    def compute() -> tuple[list[Any], str | None]:
+    def compute() -> tuple[tuple[list[Any], float | None], str | None]:
         r, spec = load_rank(job, part.nvml, part.nvml_period_s)
         one = Analysis(parts=(part,), spec=spec, jobs=(job,), results=(r,))
         out: list[Any] = rank_contributions(one, [a for a in REGISTRY if a.name in active], cross)
         content = r.trace.meta.content_key
-        return out, content if content == part.meta.content_key else None  # file changed between passes: keep no copy
+        # file changed between passes: keep no copy
+        return (out, rank_replay_ms(r.trace)), content if content == part.meta.content_key else None
 
     extra = (tuple(active), digest(part.nvml), part.nvml_period_s, digest(list(cross)))
-    got: list[Any] = cached(job, job_key(job, "contributions", *extra), compute, list[Contribution],
-                            lambda content: job_key(job, "contributions", *extra, content=content))
+    kind = tuple[list[Contribution], float | None]
+    got: tuple[list[Any], float | None] = cached(
+        job, job_key(job, "contributions+replay", *extra), compute, kind,
+        lambda content: job_key(job, "contributions+replay", *extra, content=content))
     return got
 
 
@@ -1090,13 +1162,14 @@ def _analyze_jobs(jobs: list[Job], keep: bool, gpu: str | None, gpu_spec: str | 
         job_of = {p.rank: j for p, j in zip(parts, jobs)}
         cross = distributed.plan(parts, lambda slow, waits, waiting: ex.call(slow_job, job_of[slow], waits, waiting),
                                  names, replay=lambda cats: _job_replay(ex, jobs, step_ms, cats))
-        contribs = ex.map(findings_job, jobs, parts, [names] * len(parts), [cross.get(p.rank, []) for p in parts],
-                          stage="analysed")
+        done = ex.map(findings_job, jobs, parts, [names] * len(parts), [cross.get(p.rank, []) for p in parts],
+                      stage="analysed")
+        contribs = [c for c, _ in done]
         # loaded here and still held: kept for the views (their claims were kept with the traces)
         frames = kept_ranks(jobs, parts)
     fixes, notes = _findings(findings_of(parts, [c for cs in contribs for c in cs]))
     return Analysis(parts=parts, spec=spec, findings=fixes, notes=notes, skipped=tuple(skipped), run=manifest,
-                    jobs=tuple(jobs), frames=frames)
+                    jobs=tuple(jobs), frames=frames, rank_replay_ms=tuple(x for _, x in done))
 
 
 #: The summary's replayed figures as the results cache holds them (None: not computed yet).

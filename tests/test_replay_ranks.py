@@ -37,6 +37,9 @@ def _assert_each_rank(ts: list[RankTrace]) -> None:
     for t, ms in zip(ts, got):
         traced = float(t.steps["time"].mean()) / 1000.0
         assert abs(ms / traced - 1) < 0.03, (t.meta.rank, ms, traced)
+        # unchanged, the coupled job moves no rank: each rank's graph alone replays to the same
+        # steps, which is why summary.replay_step_time_ms of a job is computed rank by rank
+        assert run(build_job([t])).rank_step_ms[0] == pytest.approx(ms, rel=1e-9)
 
 
 @pytest.mark.parametrize("name", DDP)
@@ -181,6 +184,26 @@ def test_what_if_on_several_ranks(slow_rank: gpuprof.Analysis) -> None:
     w = slow_rank.what_if(others)
     assert sorted(w["applied"]) == sorted(others)
     assert 0 < w["before_ms"] - w["step_time_ms"] < 0.1 * w["before_ms"]
+
+
+def test_summary_of_several_ranks_replays_and_projects(slow_rank: gpuprof.Analysis) -> None:
+    """The job's summary carries the unchanged replay (the mean of the ranks' replayed steps, as
+    step_time_ms is of their traced ones) and the projection, which is what_if of the findings
+    it lists; a worker-process analysis, whose frames never reach this process, reads the same."""
+    s = slow_rank.summary
+    assert s["replay_step_time_ms"] == pytest.approx(s["step_time_ms"], rel=0.03)
+    ids = s["projected_findings"]
+    assert "GP-RANK-001" in ids and all(f.confidence in ("high", "medium") for f in slow_rank.findings if f.id in ids)
+    w = slow_rank.what_if(ids)
+    assert w["step_time_ms"] == pytest.approx(s["projected_step_time_ms"], rel=1e-9)
+    assert w["before_ms"] == pytest.approx(s["projected_from_ms"], rel=1e-9)
+    assert s["projected_step_time_ms"] < s["projected_from_ms"] == pytest.approx(step_ms("ddp_slow_rank"), rel=0.03)
+    apart = gpuprof.analyze(str(SAMPLES / "ddp_slow_rank"), step_ms=step_ms("ddp_slow_rank"), workers=2, cache=False)
+    assert apart.frames is None and apart.rank_replay_ms is not None
+    t = apart.summary
+    for k in ("replay_step_time_ms", "projected_step_time_ms", "projected_from_ms"):
+        assert t[k] == pytest.approx(s[k], rel=1e-9), k
+    assert t["projected_findings"] == ids
 
 
 def test_eight_ranks_of_100k_kernels_replay_to_their_steps() -> None:
