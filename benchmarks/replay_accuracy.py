@@ -84,7 +84,8 @@ def pinned_copies(ts: list[RankTrace], g: Graph) -> Graph:
 
 def rebalance(ts: list[RankTrace], g: Graph) -> Graph:
     """Cut the slow rank's extra host time to the median rank's (gpuprof.replay.ranks.rebalance:
-    its gaps longer than any of the median rank's, then any excess of its host time per step)."""
+    its gaps longer than any of the median rank's become that rank's typical gap, then any excess
+    of its host time per step goes)."""
     from gpuprof.replay.ranks import rebalance as cut
 
     return cut(g)
