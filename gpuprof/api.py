@@ -394,10 +394,10 @@ class Analysis:
             # rank's idle gaps inside the others' waits belong to rank_imbalance, not to launch_overhead)
             cross = distributed.plan(self.parts, lambda slow, waits, waiting: distributed.slow_detail(
                 results[slow], waits, waiting), [a.name for a in active])
-            for i, part in enumerate(self.parts):
-                if plans[i] is None:
+            for k, part in enumerate(self.parts):
+                if plans[k] is None:
                     rank_contributions(self.one_rank(part.rank), active, cross.get(part.rank, ()))
-                    plans[i] = fixes.cached_plan(ranks[i].trace)
+                    plans[k] = fixes.cached_plan(ranks[k].trace)
         # the graphs the findings were priced on (as traced), joined: no rank's graph built twice
         rank_graphs = [rank_graph(r.trace, p.raw if p is not None else None) for r, p in zip(ranks, plans)]
         g = job(rank_graphs, self.parts[0].unprofiled_step_ms)
