@@ -383,7 +383,7 @@ class Analysis:
         this process), else made again with the cross-rank claims, as in the analysis."""
         from gpuprof.analyzers import distributed, rank_contributions, select
         from gpuprof.replay import fixes
-        from gpuprof.replay.ranks import cross_fix, job, rank_graph, slowest_ms
+        from gpuprof.replay.ranks import cross_fix, fix_steps, job, rank_graph, slowest_ms
 
         ranks = self.ranks
         plans = [fixes.cached_plan(r.trace) for r in ranks]
@@ -391,9 +391,11 @@ class Analysis:
             active, _ = select(self.parts, self.spec)
             results = {r.trace.meta.rank: r for r in ranks}
             # each rank's units after the cross-rank findings' claims, as in the analysis (a slow
-            # rank's idle gaps inside the others' waits belong to rank_imbalance, not to launch_overhead)
+            # rank's idle gaps inside the others' waits belong to rank_imbalance, not to
+            # launch_overhead), their claim order from the job's replay as there
             cross = distributed.plan(self.parts, lambda slow, waits, waiting: distributed.slow_detail(
-                results[slow], waits, waiting), [a.name for a in active])
+                results[slow], waits, waiting), [a.name for a in active], replay=lambda cats: fix_steps(
+                [rank_graph(r.trace) for r in ranks], self.parts[0].unprofiled_step_ms, cats))
             for k, part in enumerate(self.parts):
                 if plans[k] is None:
                     rank_contributions(self.one_rank(part.rank), active, cross.get(part.rank, ()))
