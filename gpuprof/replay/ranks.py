@@ -369,11 +369,35 @@ def fix_steps(parts: Sequence[RankGraph], real_step_ms: float | None, categories
 
 def job(parts: Sequence[RankGraph], real_step_ms: float | None) -> Graph:
     """The joined job graph, the profiler's host cost taken out when the unprofiled step time is
-    known (one cost per recorded host event for all ranks: :func:`gpuprof.replay.calibrate`)."""
+    known (one cost per recorded host event for all ranks: :func:`gpuprof.replay.calibrate`).
+    The cost is found once per job and step time in a process: the cross-rank findings, the
+    summary's projection and ``what_if`` all deflate the same job, and each search replays the
+    coupled job a dozen times or more."""
     from gpuprof.replay import calibrate, deflate
 
     g = join(parts)
-    return deflate(g, calibrate(g, real_step_ms)) if real_step_ms else g
+    if not real_step_ms:
+        return g
+    key = (float(real_step_ms), tuple(_fingerprint(p) for p in parts))
+    cost = _COSTS.get(key)
+    if cost is None:
+        cost = calibrate(g, real_step_ms)
+        if len(_COSTS) >= 16:
+            _COSTS.pop(next(iter(_COSTS)))
+        _COSTS[key] = cost
+    return deflate(g, cost)
+
+
+#: The job's cost per event by (real step, the ranks' graphs: :func:`_fingerprint`), see :func:`job`.
+_COSTS: dict[tuple[float, tuple[tuple[float, ...], ...]], float] = {}
+
+
+def _fingerprint(p: RankGraph) -> tuple[float, ...]:
+    """A rank's graph as the calibration sees it: its clock origin, sizes and the sums of the
+    weights and traced times calibrate reads (equal graphs, equal tuple)."""
+    g = p.graph
+    return (float(p.t0_epoch_ns), float(g.n_host), float(g.n_acts), float(g.h_gap.sum()), float(g.h_dur.sum()),
+            float(g.h_events.sum()), float(g.a_dur.sum()), float(g.a_ts.sum()), float(g.h_ts.sum()))
 
 
 __all__ = ["COMM_OPS", "MAX_SHIFT", "SYNC_SLACK_US", "RankGraph", "build_job", "comm_in_steps", "comm_rows", "cross_fix",
