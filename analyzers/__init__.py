@@ -211,17 +211,6 @@ def contributions_in_memory(analysis: Analysis, only: Sequence[str] | None = Non
     return contribs, skipped
 
 
-def job_graph(traces: Sequence[RankTrace], real_step_ms: float | None) -> tuple[Any, list[Any]] | None:
-    """The job's graph for the cross-rank replay (gpuprof.replay.ranks), deflated when the
-    unprofiled step time is known, and its ranks' parts; None for one rank."""
-    from gpuprof.replay.ranks import job, rank_graph
-
-    if len(traces) < 2:
-        return None
-    parts = [rank_graph(t) for t in traces]
-    return job(parts, real_step_ms), parts
-
-
 def findings_of(parts: Sequence[RankPart], contribs: Sequence[Contribution]) -> list[Finding]:
     """Ranked findings from the ranks' contributions."""
     return rank_findings(merge(contribs, parts))
