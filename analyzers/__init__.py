@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from gpuprof.api import Analysis
     from gpuprof.ranks import RankPart
     from gpuprof.specs import GpuSpec
-    from gpuprof.trace.model import RankTrace
 
 
 @dataclass(frozen=True)
