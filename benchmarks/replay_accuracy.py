@@ -1,7 +1,8 @@
 """The what-if replay against real before/after pairs (docs/replay.md).
 
-For each pair: build the bad trace's graph, take out the profiler's host cost (calibrated so the
-unchanged replay takes the bad program's unprofiled step time), apply the fix as a
+For each pair: build the bad trace's graph, take out the profiler's host cost (so the unchanged
+replay takes the bad program's unprofiled step time: one rank the way the analysis does it,
+``host_bounds``; a job by one cost per event, as the cross-rank replay does), apply the fix as a
 transformation, and compare the replayed saving with the realised one (bad − good unprofiled
 step times, sample_traces/h200/timings/). The fixes are described from the bad trace alone
 (which ops, which copies, which rank); nothing is read from the good twin.
@@ -18,7 +19,8 @@ import numpy as np
 
 from benchmarks.pairs import step_ms, trace_path
 from gpuprof.ranks import load_trace_cached
-from gpuprof.replay import Graph, build, calibrate, deflate, run, what_if
+from gpuprof.analyzers._base import bracket_cost_us
+from gpuprof.replay import Graph, build, calibrate, deflate, host_bounds, run, what_if
 from gpuprof.replay import transforms as tf
 from gpuprof.specs import resolve
 from gpuprof.trace.model import RankTrace
@@ -122,8 +124,12 @@ def evaluate() -> list[dict[str, object]]:
         ts = _traces(bad)
         g = build(ts)
         traced = run(g).step_time_ms
-        c = calibrate(g, step_ms(bad))
-        base = deflate(g, c)
+        if len(ts) == 1:  # the host the analysis prices one rank's fixes on (fixes.plan: host_bounds)
+            hb = host_bounds(g, step_ms(bad), bracket_cost_us(ts[0]))
+            c, base = hb.floor_us, hb.apply(g)
+        else:  # the cross-rank replay's host (ranks.job): one cost per event for the job
+            c = calibrate(g, step_ms(bad))
+            base = deflate(g, c)
         w = what_if(base, [lambda x: fn(ts, x)])
         before, after = w.before_ms, w.after_ms
         bare = what_if(g, [lambda x: fn(ts, x)])
