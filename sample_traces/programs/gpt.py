@@ -260,21 +260,9 @@ def main() -> None:
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=False, fused=False)
 
     gpu_norms: list[torch.Tensor] = []
-    # --region-times: perf_counter marks between the regions of a step, summed per bucket ("timed":
-    # the unprofiled windows, "profiled": the steps under the profiler). No marks without the flag.
-    regions: dict[str, dict[str, float]] = {"timed": {}, "profiled": {}}
-    region_steps = {"timed": 0, "profiled": 0}
-    bucket: list[str | None] = [None]
-    last = [0.0]
-
-    def mark(name: str | None) -> None:
-        if bucket[0] is None:
-            return
-        now = time.perf_counter()
-        if name is not None:
-            d = regions[bucket[0]]
-            d[name] = d.get(name, 0.0) + (now - last[0]) * 1000.0
-        last[0] = now
+    # --region-times: harness.Regions marks between the regions of a step (none without the flag)
+    regions = harness.REGIONS
+    mark = regions.mark
 
     def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         mark(None)
@@ -307,8 +295,7 @@ def main() -> None:
         mark("optimizer")
         opt.zero_grad(set_to_none=not a.cuda_graph)
         mark("zero_grad")
-        if bucket[0] is not None:
-            region_steps[bucket[0]] += 1
+        regions.step_done()
         if a.empty_cache:
             torch.cuda.empty_cache()
         return loss
@@ -376,8 +363,7 @@ def main() -> None:
         host_delay()
         step_fn(*batches[i % 4])
     runs = []
-    if a.region_times:
-        bucket[0] = "timed"
+    regions.bucket = "timed" if a.region_times else None
     for _window in range(a.timing_windows):  # one sync at each end of a window, none per step
         sync(device)
         t0 = time.perf_counter()
@@ -391,14 +377,12 @@ def main() -> None:
         sync(device)
         runs.append((time.perf_counter() - t0) * 1000.0 / a.timed_steps)
     step_ms = sum(runs) / len(runs)
-    bucket[0] = None
+    regions.bucket = None
     write_timing(a, rank, world, step_ms, batch, seq, runs)
 
     def write_regions() -> None:
         if a.region_times:
-            per_step = {b: {k: v / max(region_steps[b], 1) for k, v in regions[b].items()} for b in regions}
-            with open(a.region_times.replace("RANK", str(rank)), "w") as f:
-                json.dump({"ms_per_step": per_step, "steps": region_steps, "active": a.active}, f, indent=1)
+            regions.write(a.region_times.replace("RANK", str(rank)))
 
     if a.no_profile:
         write_regions()
@@ -408,11 +392,11 @@ def main() -> None:
                          with_stack=a.with_stack)
     with prof:
         for i in range(3 + a.active):
-            bucket[0] = "profiled" if a.region_times and i >= 3 else None  # the recorded (active) steps
+            regions.bucket = "profiled" if a.region_times and i >= 3 else None  # the recorded (active) steps
             host_delay()
             step_fn(*batches[i % 4])
             prof.step()
-    bucket[0] = None
+    regions.bucket = None
     write_regions()
     if a.ddp:
         import torch.distributed as dist
