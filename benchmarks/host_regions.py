@@ -46,8 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuprof.replay import Graph, build, calibrate, deflate, run, steady_ms
-from gpuprof.replay import transforms as tf
+from gpuprof.replay import Graph, build, calibrate, deflate, host_speed, largest_speed, run, steady_ms
 from gpuprof.trace.load import load_trace
 from gpuprof.trace.model import RankTrace
 
@@ -159,22 +158,10 @@ def replayed_regions(g: Graph, bounds: dict[str, np.ndarray]) -> dict[str, float
     return out
 
 
-def _speed(g: Graph, s: float) -> Graph:
-    every = np.ones(g.n_host, dtype=bool)
-    return tf.shrink_tail(tf.shrink_host(g, every, s), every, s)
-
-
 def _fit_speed(g: Graph, real_ms: float) -> Graph:
-    lo, hi = 0.0, 1.0
-    for _ in range(40):
-        if hi - lo <= 1e-4:
-            break
-        mid = 0.5 * (lo + hi)
-        if steady_ms(_speed(g, mid)) > real_ms:
-            hi = mid
-        else:
-            lo = mid
-    return _speed(g, hi)
+    """``g`` at the largest host-speed factor that replays ``real_ms`` (the search the replay's host
+    model uses)."""
+    return host_speed(g, largest_speed(g, real_ms))
 
 
 def models(t: RankTrace) -> dict[str, Callable[[Graph, float], Graph]]:

@@ -129,6 +129,26 @@ def _top_cost(g: Graph) -> float:
     return float((busy / np.maximum(g.h_events, 1)).max()) if len(busy) else 0.0
 
 
+def _bisect(measure: Callable[[float], float], lo: float, hi: float, target_ms: float, rising: bool, tol: float,
+            max_iter: int, narrow: Callable[[float, float], bool], early: bool = True) -> float:
+    """The end of ``[lo, hi]`` nearest the edge of the values ``x`` whose replay ``measure(x)`` is
+    no slower than ``target_ms``, by bisection: ``measure`` rises with ``x`` (``rising``: the largest
+    such ``x``, ``lo``) or falls with it (the smallest, ``hi``). Stops once ``narrow(lo, hi)``, or
+    (``early``) at a replay within ``tol`` of the target."""
+    for _ in range(max_iter):
+        if narrow(lo, hi):
+            break
+        mid = 0.5 * (lo + hi)
+        got = measure(mid)
+        if (got > target_ms) != rising:
+            lo = mid
+        else:
+            hi = mid
+        if got <= target_ms and early and got >= target_ms * (1 - tol):
+            break
+    return lo if rising else hi
+
+
 def _smallest_cost(g: Graph, target_ms: float, measure: Callable[[Graph], float], top: float, start: float,
                    tol: float, max_iter: int, floor: bool = False) -> float:
     """The smallest cost per recorded host event whose replay (``measure``) is no slower than
@@ -140,18 +160,8 @@ def _smallest_cost(g: Graph, target_ms: float, measure: Callable[[Graph], float]
     lo = 0.0
     while hi < top and measure(deflate(g, hi)) > target_ms:
         lo, hi = hi, min(2 * hi, top)
-    for _ in range(max_iter):
-        if hi - lo <= 1e-3 * hi:
-            break
-        mid = 0.5 * (lo + hi)
-        got = measure(deflate(g, mid))
-        if got > target_ms:
-            lo = mid
-        else:
-            hi = mid
-            if got >= target_ms * (1 - tol) and not floor:
-                break
-    return hi
+    return _bisect(lambda c: measure(deflate(g, c)), lo, hi, target_ms, False, tol, max_iter,
+                   lambda a, b: b - a <= 1e-3 * b, early=not floor)
 
 
 def calibrate(g: Graph, real_step_ms: float, tol: float = 0.002, max_iter: int = 40) -> float:
@@ -190,23 +200,12 @@ def host_speed(g: Graph, s: float) -> Graph:
     return shrink_tail(shrink_host(g, every, s), every, s)
 
 
-def _largest_speed(g: Graph, target_ms: float, tol: float, max_iter: int) -> float:
+def largest_speed(g: Graph, target_ms: float, tol: float = 0.002, max_iter: int = 40) -> float:
     """The largest host-speed factor ``s`` in (0, 1] whose steady step (:func:`steady_ms` of
     :func:`host_speed`) is no slower than ``target_ms``, by bisection (the step only falls as
     ``s`` does); a replay within ``tol`` of the target ends the search."""
-    lo, hi = 0.0, 1.0
-    for _ in range(max_iter):
-        if hi - lo <= 1e-4:
-            break
-        mid = 0.5 * (lo + hi)
-        got = steady_ms(host_speed(g, mid))
-        if got > target_ms:
-            hi = mid
-        else:
-            lo = mid
-            if got >= target_ms * (1 - tol):
-                break
-    return lo
+    return _bisect(lambda s: steady_ms(host_speed(g, s)), 0.0, 1.0, target_ms, True, tol, max_iter,
+                   lambda a, b: b - a <= 1e-4)
 
 
 @dataclass(frozen=True)
@@ -258,7 +257,7 @@ def host_bounds(g: Graph, real_step_ms: float | None, bracket_us: float, tol: fl
         base = deflate(g, bracket_us) if bracket_us > 0 else g
         if steady_ms(base) <= real_step_ms * (1 + tol):
             return HostBounds(_smallest_cost(g, real_step_ms, steady_ms, top, mean, tol, max_iter), True)
-        return HostBounds(bracket_us, True, _largest_speed(base, real_step_ms, tol, max_iter))
+        return HostBounds(bracket_us, True, largest_speed(base, real_step_ms, tol, max_iter))
     # the host-free replay can read a little slower than the real step (the replay's own error):
     # the host kept up when it replays no slower than that
     target = max(real_step_ms, free) * (1 + tol)
@@ -289,4 +288,4 @@ def what_if(g: Graph, transforms: Sequence[Transform]) -> WhatIf:
 
 
 __all__ = ["Graph", "HostBounds", "Replayed", "Times", "Transform", "WhatIf", "build", "calibrate", "deflate", "host_bounds",
-           "host_only", "host_speed", "replay", "run", "simulate", "steady_ms", "traces_of", "what_if"]
+           "host_only", "host_speed", "largest_speed", "replay", "run", "simulate", "steady_ms", "traces_of", "what_if"]
