@@ -363,9 +363,11 @@ class Analysis:
         Several ranks: the job is replayed across ranks (gpuprof.replay.ranks) and the step time is
         the slowest rank's; ``by_class_ms`` is not computed there."""
         if len(self.parts) > 1:
-            if sum(p.meta.events for p in self.parts) > _job_replay_max():
+            from gpuprof.analyzers import distributed
+
+            if sum(p.meta.events for p in self.parts) > distributed.JOB_REPLAY_MAX_EVENTS:
                 raise GpuprofError(f"what-if: the job's trace events are more than the cross-rank replay builds in one "
-                                   f"process ({_job_replay_max():,})")
+                                   f"process ({distributed.JOB_REPLAY_MAX_EVENTS:,})")
             return self._what_if_job(list(ids))
         p = self._plan()
         if p is None:
@@ -428,17 +430,15 @@ class Analysis:
         ``distributed.JOB_REPLAY_MAX_EVENTS``, and only where the ranks' frames are here or a job
         that small (``IN_PROCESS_MAX_BYTES``) may be loaded again (the bounded many-rank path keeps
         frames out of this process)."""
-        from gpuprof.analyzers import distributed
-
         none: dict[str, Any] = {"projected_step_time_ms": None, "projected_findings": []}
         ids = [f.id for f in self.findings if f.confidence in ("high", "medium")]
-        if not ids or sum(p.meta.events for p in self.parts) > distributed.JOB_REPLAY_MAX_EVENTS:
+        if not ids:
             return none
         here = self.results is not None or self.frames is not None or "ranks" in self.__dict__
         if not here and not (self.jobs and job_bytes([Path(j.path) for j in self.jobs]) <= IN_PROCESS_MAX_BYTES):
             return none
         try:
-            w = self._what_if_job(ids)
+            w = self.what_if(ids)  # refuses a job above distributed.JOB_REPLAY_MAX_EVENTS
         except GpuprofError:
             return none
         applied = [i for i in ids if i in w["applied"]]
@@ -656,12 +656,6 @@ def _f(x: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return v if np.isfinite(v) else None
-
-
-def _job_replay_max() -> int:
-    from gpuprof.analyzers import distributed
-
-    return int(distributed.JOB_REPLAY_MAX_EVENTS)
 
 
 def rank_replay_ms(trace: RankTrace) -> float | None:
