@@ -1,9 +1,11 @@
 """Digests of what a report shows, per trace or run folder: checks a speed change leaves every output as it was.
 
-For each input: the JSON report, the views the HTML report draws (:meth:`gpuprof.api.Analysis.views_detail`:
-timeline, operators, memory) and the claims frame (:func:`gpuprof.views.claims`), each hashed
-apart, analysed without any cache (``cache=False``). Two versions of gpuprof that give equal
-digests give equal reports.
+For each input: the JSON report, the terminal summary at 80 and 200 columns, the whole HTML page,
+the views it draws (:meth:`gpuprof.api.Analysis.views_detail`: timeline, operators, memory), the
+claims frame (:func:`gpuprof.views.claims`) and the annotated trace data, each hashed apart,
+analysed without any cache (``cache=False``). Two versions of gpuprof that give equal digests give
+equal reports. ``--workers N`` analyses several-rank inputs with N local processes (1: in this
+process); the annotated data comes from the ``keep_traces`` path ``gpuprof annotate`` takes.
 
     python -m benchmarks.report_digest sample_traces/h200 --out before.json
     (change gpuprof)
@@ -27,18 +29,28 @@ def _h(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
-def digest(path: Path) -> dict[str, str]:
+def _frame_text(v: Any) -> str:
+    """A frame in full (its ``repr`` elides rows), anything else as its ``repr``."""
+    return str(v.to_csv()) if hasattr(v, "to_csv") else repr(v)
+
+
+def digest(path: Path, workers: int | None = None) -> dict[str, str]:
     from gpuprof.api import analyze
     from gpuprof.errors import GpuprofError
-    from gpuprof.views import claims
+    from gpuprof.views import annotation_data, claims
 
     try:
-        a = analyze(path, cache=False)
+        a = analyze(path, cache=False, workers=workers)
         out = {"json": _h(a.to_json())}
+        out["text80"] = _h(a.to_text(width=80))
+        out["text200"] = _h(a.to_text(width=200))
+        out["html"] = _h(a.to_html())
         detail = a.views_detail()
         for k, v in detail.items():
             out[k] = _h(json.dumps(v, sort_keys=True, default=repr))
         out["claims"] = _h(claims(a).to_csv())
+        kept = analyze(path, cache=False, keep_traces=True)
+        out["annotate"] = _h(json.dumps(annotation_data(kept), sort_keys=True, default=_frame_text))
     except GpuprofError as e:
         return {"error": str(e)}
     return out
@@ -71,8 +83,12 @@ def main() -> None:
     p.add_argument("roots", nargs="+")
     p.add_argument("--out")
     p.add_argument("--compare")
+    p.add_argument("--workers", type=int, help="local processes for several-rank inputs (1: this process)")
     a = p.parse_args()
-    got: dict[str, Any] = {str(i): digest(i) for i in inputs(a.roots)}
+    got: dict[str, Any] = {}
+    for i in inputs(a.roots):
+        got[str(i)] = digest(i, a.workers)
+        print(f"{i}: {'error' if 'error' in got[str(i)] else 'ok'}", file=sys.stderr, flush=True)
     if a.out:
         Path(a.out).write_text(json.dumps(got, indent=1, sort_keys=True))
     if a.compare:
