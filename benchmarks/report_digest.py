@@ -35,24 +35,41 @@ def _frame_text(v: Any) -> str:
 
 
 def digest(path: Path, workers: int | None = None) -> dict[str, str]:
+    """Each output's hash; an output that fails is recorded as its error (a crash too: a digest
+    must run through every input, and a crash that moves is a difference)."""
     from gpuprof.api import analyze
     from gpuprof.errors import GpuprofError
     from gpuprof.views import annotation_data, claims
 
     try:
         a = analyze(path, cache=False, workers=workers)
-        out = {"json": _h(a.to_json())}
-        out["text80"] = _h(a.to_text(width=80))
-        out["text200"] = _h(a.to_text(width=200))
-        out["html"] = _h(a.to_html())
+    except GpuprofError as e:
+        return {"error": str(e)}
+    out: dict[str, str] = {}
+
+    def put(key: str, make: Any) -> None:
+        try:
+            out[key] = _h(make())
+        except Exception as e:  # noqa: BLE001 - recorded, compared like any output
+            out[key] = f"error: {type(e).__name__}: {e}"
+
+    put("json", a.to_json)
+    put("text80", lambda: a.to_text(width=80))
+    put("text200", lambda: a.to_text(width=200))
+    put("html", a.to_html)
+    try:
         detail = a.views_detail()
         for k, v in detail.items():
             out[k] = _h(json.dumps(v, sort_keys=True, default=repr))
-        out["claims"] = _h(claims(a).to_csv())
+    except Exception as e:  # noqa: BLE001
+        out["views"] = f"error: {type(e).__name__}: {e}"
+    put("claims", lambda: claims(a).to_csv())
+
+    def annotated() -> str:
         kept = analyze(path, cache=False, keep_traces=True)
-        out["annotate"] = _h(json.dumps(annotation_data(kept), sort_keys=True, default=_frame_text))
-    except GpuprofError as e:
-        return {"error": str(e)}
+        return json.dumps(annotation_data(kept), sort_keys=True, default=_frame_text)
+
+    put("annotate", annotated)
     return out
 
 
