@@ -8,16 +8,15 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import stat
 import sys
-import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 
 import gpuprof
+from gpuprof import files
 from gpuprof.errors import GpuprofError, UsageError
 
 
@@ -49,74 +48,30 @@ def _width() -> int:
     return shutil.get_terminal_size((100, 24)).columns
 
 
-def _emit(text: str, output: Path | None, force: bool) -> None:
-    """Print to stdout, or write a new file (never replacing one without --force)."""
+def _emit(text: str, output: Path | None, force: bool, inputs: files.Inputs) -> None:
+    """Print to stdout, or write a new file (never an input; never replacing one without --force)."""
     if output is None:
         click.echo(text, nl=False)
     else:
-        _write_new(output, text, force)
+        _write(output, text, force, inputs)
         _say(f"wrote {output}")
 
 
-def _fresh_path(path: Path) -> Path:
-    """``path``, or ``stem-N.suffix`` for the first N that does not exist yet."""
-    n = 1
-    candidate = path
-    while candidate.exists():
-        candidate = path.with_name(f"{path.stem}-{n}{path.suffix}")
-        n += 1
-    return candidate
-
-
-def _write_new(path: Path, text: str, force: bool) -> None:
-    """Write a report without ever replacing an existing file unless --force, and never leave a
-    half-written one: the text goes to a temporary file beside ``path`` (same file system), is
-    flushed to disk, then renamed over it. A full disk or a failing write leaves the old file as
-    it was and removes the temporary one."""
-    if path.is_dir():
-        raise UsageError("is a folder; -o takes a file path", str(path))
-    if (path.exists() or path.is_symlink()) and not force:
-        raise UsageError("exists; choose another -o path or pass --force to replace it", str(path))
+def _encoded(text: str) -> bytes:
     # Lone surrogates (a trace's "\ud800") cannot be UTF-8: written as the same JSON-style escape.
-    data = text.encode("utf-8", errors="backslashreplace")
-    tmp: str | None = None
-    reserved = False
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        mode = _mode_for(path)
-        if not force:  # claim the name first, so nothing that appears meanwhile is replaced
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode))
-            reserved = True
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:64]}.", suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), mode)
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        tmp = None
-        reserved = False
-    except FileExistsError:
-        raise UsageError("exists; choose another -o path or pass --force to replace it", str(path)) from None
-    except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or e.__class__.__name__
-        raise UsageError(f"cannot write ({reason})", str(path)) from None
-    finally:
-        for leftover in (tmp, path if reserved else None):
-            if leftover is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(leftover)
+    return text.encode("utf-8", errors="backslashreplace")
 
 
-def _mode_for(path: Path) -> int:
-    """The replaced file's permissions, else what the umask gives a new file (mkstemp's 0600
-    would hide a shared report from its readers)."""
-    try:
-        return stat.S_IMODE(path.stat().st_mode)
-    except OSError:
-        mask = os.umask(0)
-        os.umask(mask)
-        return 0o666 & ~mask
+def _write(path: Path, text: str, force: bool, inputs: files.Inputs | None = None) -> None:
+    files.write_new(path, _encoded(text), force, inputs)
+
+
+def _inputs(paths: Sequence[Path], analysis: Any = None) -> files.Inputs:
+    """What a command read (the paths given, and each trace the analysis loaded): never written."""
+    inputs = files.Inputs(list(paths))
+    for part in getattr(analysis, "parts", ()):
+        inputs.add(Path(part.meta.path))
+    return inputs
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -132,6 +87,26 @@ def main() -> None:
       calibrate  measure this GPU's real matmul and memory ceilings into a spec file
       annotate   write the trace with gpuprof's findings added, for Perfetto / chrome://tracing
     """
+    _show_warnings_as_lines()
+
+
+def _show_warnings_as_lines() -> None:
+    """A :class:`GpuprofWarning` (in this process or a worker forked from it) is one line on
+    stderr, ``gpuprof: warning: ...``; other warnings keep Python's own form."""
+    import warnings
+
+    from gpuprof.errors import GpuprofWarning
+
+    shown = warnings.showwarning
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: Any = None, line: str | None = None) -> None:
+        if issubclass(category, GpuprofWarning):
+            _say(f"gpuprof: warning: {message}")
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
 
 
 @main.command()
@@ -203,29 +178,34 @@ def _report(paths: tuple[Path, ...], fmt: str, output: Path | None, force: bool,
             key = cache_keys.report_key(list(paths), fmt, options)
             text = cache_keys.cached_report(key) if key else None
             if text is not None:
-                _emit(text, output, force)
+                _emit(text, output, force, _inputs(paths))
                 return
         if sys.stderr.isatty():
             click.echo(f"gpuprof: analysing {len(paths)} path(s)…", err=True)
         analysis = gpuprof.analyze(list(paths), gpu=gpu, gpu_spec=str(gpu_spec) if gpu_spec else None,
                                    step_ms=step_ms, cache=not no_cache, workers=workers, dask=dask_address,
                                    progress=_progress if sys.stderr.isatty() else None, as_ranks=as_ranks)
+        inputs = _inputs(paths, analysis)
         if stored:
             text = analysis.to_json()
             _store_report(analysis, list(paths), fmt, options, text)
-            _emit(text, output, force)
+            _emit(text, output, force, inputs)
             return
         if annotated is not None:
-            _annotate(analysis, annotated, force)
+            _annotate(analysis, annotated, force, inputs)
         if fmt == "html":
-            target = output or _fresh_path(Path("gpuprof-report.html"))
-            _write_new(target, analysis.to_html(), force)
+            page = _encoded(analysis.to_html())
+            if output is None:
+                target = files.write_fresh(Path("gpuprof-report.html"), page)
+            else:
+                files.write_new(output, page, force, inputs)
+                target = output
             click.echo(analysis.to_text(color=_color(), width=_width()), nl=False)
             _say(f"wrote {target}")
             return
         _emit(analysis.to_json() if fmt == "json" else
               analysis.to_text(color=_color() and output is None, width=_width() if output is None else None),
-              output, force)
+              output, force, inputs)
     except GpuprofError as e:
         _fail(e)
 
@@ -244,10 +224,10 @@ def _store_report(analysis: Any, paths: list[Path], fmt: str, options: tuple[Any
         pcache.put_result(key, text, str)
 
 
-def _annotate(analysis: Any, out: Path, force: bool) -> None:
+def _annotate(analysis: Any, out: Path, force: bool, inputs: files.Inputs) -> None:
     """One annotated trace per rank: ``out`` itself for one trace, else ``out`` is a folder
-    receiving ``rank{R}.json.gz``."""
-    from gpuprof.reports.annotate import write_annotated
+    receiving ``rank{R}.json.gz``. No target is any input, whichever rank it is named after."""
+    from gpuprof.reports.annotate import annotated_bytes
     from gpuprof.views import annotation_data
 
     data = annotation_data(analysis)
@@ -257,8 +237,12 @@ def _annotate(analysis: Any, out: Path, force: bool) -> None:
         targets = [out / f"rank{d['rank']}.json.gz" for d in data]
     else:
         targets = [out]
+    for target in targets:  # every target checked before any is written
+        if inputs.holds(target):
+            raise UsageError("is an input trace; gpuprof never writes over what it reads", str(target))
     for d, target in zip(data, targets):
-        n = write_annotated(d, target, force)
+        body, n = annotated_bytes(d, target.name.endswith(".gz"))
+        files.write_new(target, body, force, inputs, what="an input trace")
         click.echo(f"wrote {target} ({n} gpuprof events added)", err=True)
 
 
@@ -282,7 +266,7 @@ def annotate(paths: tuple[Path, ...], output: Path, force: bool, gpu: str | None
     try:
         analysis = gpuprof.analyze(list(paths), gpu=gpu, gpu_spec=str(gpu_spec) if gpu_spec else None,
                                    step_ms=step_ms, cache=not no_cache, keep_traces=True)
-        _annotate(analysis, output, force)
+        _annotate(analysis, output, force, _inputs(paths, analysis))
     except GpuprofError as e:
         _fail(e)
 
@@ -364,9 +348,12 @@ def diff(before: Path, after: Path, fmt: str, output: Path | None, force: bool, 
     from gpuprof.reports.diff import render_diff_html, render_diff_text
 
     try:
-        a = gpuprof.analyze(before, gpu=gpu, step_ms=step_ms_before).to_dict()
-        b = gpuprof.analyze(after, gpu=gpu, step_ms=step_ms_after).to_dict()
-        doc = compare(a, b)
+        first = gpuprof.analyze(before, gpu=gpu, step_ms=step_ms_before)
+        second = gpuprof.analyze(after, gpu=gpu, step_ms=step_ms_after)
+        inputs = _inputs((before, after), first)
+        for part in second.parts:
+            inputs.add(Path(part.meta.path))
+        doc = compare(first.to_dict(), second.to_dict())
         if fmt == "json":
             from gpuprof.reports.json_report import render_json
 
@@ -374,10 +361,11 @@ def diff(before: Path, after: Path, fmt: str, output: Path | None, force: bool, 
         elif fmt == "html":
             text = render_diff_html(doc)
             if output is None:
-                output = _fresh_path(Path("gpuprof-diff.html"))
+                _say(f"wrote {files.write_fresh(Path('gpuprof-diff.html'), _encoded(text))}")
+                return
         else:
             text = render_diff_text(doc)
-        _emit(text, output, force)
+        _emit(text, output, force, inputs)
     except GpuprofError as e:
         _fail(e)
 
@@ -407,7 +395,7 @@ def calibrate(output: Path, gemm_table: bool) -> None:
             raise GpuprofError(str(e).splitlines()[0]) from None
         import json
 
-        _write_new(output, json.dumps(spec, indent=1) + "\n", force=False)
+        _write(output, json.dumps(spec, indent=1) + "\n", force=False)
         _say(f"wrote {output}")
     except GpuprofError as e:
         _fail(e)

@@ -33,3 +33,8 @@ class UsageError(GpuprofError):
     """Arguments that cannot work together, or an output that would overwrite something."""
 
     exit_code = 2
+
+
+class GpuprofWarning(UserWarning):
+    """Something gpuprof did not do, or did otherwise, that a user should know of (the CLI shows
+    each as one line: ``gpuprof: warning: ...``)."""

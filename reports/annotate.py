@@ -18,8 +18,7 @@ which Kineto readers (HTA, gpuprof's loader) do not bucket as CPU or GPU activit
 from __future__ import annotations
 
 import gzip
-import os
-import tempfile
+import io
 from pathlib import Path
 from typing import Any
 
@@ -108,21 +107,13 @@ def annotation_events(rank: dict[str, Any], origin: float, pid: int) -> list[dic
     return out
 
 
-def write_annotated(rank: dict[str, Any], out: Path, force: bool = False) -> int:
-    """Write ``rank['path']``'s trace with the annotation events to ``out`` (gzip when it ends in
-    ``.gz``): atomically (a temporary file in the same folder, then a rename or link), never
-    over the input, and never over an existing file unless ``force``. Returns events added."""
-    from gpuprof.errors import UsageError
+def annotated_bytes(rank: dict[str, Any], gzipped: bool) -> tuple[bytes, int]:
+    """``rank['path']``'s trace with the annotation events added, as the bytes of a file (gzip
+    when ``gzipped``), and how many events were added. Writing them is the caller's
+    (:func:`gpuprof.files.write_new`: never over an input)."""
     from gpuprof.trace.load import read_bytes
 
-    src = Path(rank["path"])
-    if out.exists() and (out.resolve() == src.resolve() or out.samefile(src)):
-        raise UsageError("is the input trace; annotate never overwrites it", str(out))
-    if (out.exists() or out.is_symlink()) and not force:
-        raise UsageError("exists; choose another -o path or pass --force to replace it", str(out))
-    if out.is_dir():
-        raise UsageError("is a folder; -o takes a file path", str(out))
-    data = read_bytes(src)
+    data = read_bytes(Path(rank["path"]))
     top = msgspec.json.decode(data, type=_Top)
     doc = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
     origin = origin_us(int(rank["t0_epoch_ns"]), top.baseTimeNanoseconds
@@ -133,32 +124,9 @@ def write_annotated(rank: dict[str, Any], out: Path, force: bool = False) -> int
     doc["traceEvents"] = msgspec.Raw(events)
     body = enc.encode(doc)
     del data, top, events
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-        try:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)  # a normal file's mode, not mkstemp's private 0600
-            with os.fdopen(fd, "wb") as f:
-                if out.name.endswith(".gz"):
-                    with gzip.GzipFile(fileobj=f, mode="wb", compresslevel=6, mtime=0) as z:
-                        z.write(body)
-                else:
-                    f.write(body)
-                f.flush()
-                os.fsync(f.fileno())
-            if force:
-                os.replace(tmp, out)
-            else:
-                os.link(tmp, out)  # fails if ``out`` appeared meanwhile: never replaced silently
-                os.unlink(tmp)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-    except FileExistsError:
-        raise UsageError("exists; choose another -o path or pass --force to replace it", str(out)) from None
-    except OSError as e:
-        raise UsageError(f"cannot write ({e.strerror})", str(out)) from None
-    return len(added)
+    if gzipped:
+        sink = io.BytesIO()
+        with gzip.GzipFile(fileobj=sink, mode="wb", compresslevel=6, mtime=0) as z:
+            z.write(body)
+        body = sink.getvalue()
+    return body, len(added)

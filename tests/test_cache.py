@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from gpuprof.api import load_traces
+from gpuprof.errors import GpuprofWarning
 from gpuprof.trace import cache
 from tests.conftest import SAMPLES
 
@@ -381,30 +385,69 @@ def test_no_pickle_is_loaded_anywhere() -> None:
             assert not uses.search(f.read_text()), f  # no pickle module at all: nothing read back can be one
 
 
-def test_prune_deletes_only_what_gpuprof_wrote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The cache pointed at a folder of the user's (a checkpoints/ folder, loose files, a folder and
-    a file that merely look like entries): pruning to nothing deletes every gpuprof entry and
-    nothing else; a folder without gpuprof's marker is never pruned at all."""
-    import gpuprof
-
-    root = tmp_path / "scratch"
-    (root / "checkpoints").mkdir(parents=True)
+def _user_data(root: Path) -> None:
+    """A folder of the user's: a checkpoints/ folder, loose files, and a folder and a file that
+    merely look like cache entries."""
+    (root / "checkpoints").mkdir(parents=True, exist_ok=True)
     (root / "checkpoints" / "model.pt").write_bytes(b"\0" * 4096)
     (root / "notes.txt").write_text("mine")
     fake_key = "0" * 64 + "-10-v0.1.0-f3"
     (root / "frames" / fake_key).mkdir(parents=True)
     (root / "frames" / fake_key / "meta.json").write_text("{}")
     (root / "frames" / fake_key / "weights.bin").write_bytes(b"mine")  # not a file gpuprof writes
-    (root / "results").mkdir()
+    (root / "results").mkdir(exist_ok=True)
     (root / "results" / "r-1234.msgpack").write_bytes(b"mine")  # not a gpuprof name
     (root / "results" / "summary.csv").write_text("mine")
-    mine = sorted(p for p in root.rglob("*"))
-    assert cache.prune(root, limit=0) == []  # no marker yet: not a gpuprof cache
+
+
+def test_a_folder_of_user_data_is_never_marked_nor_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPUPROF_CACHE_DIR pointed at a folder of the user's data: no CACHEDIR.TAG is written into
+    it (``tar --exclude-caches`` and backup tools would skip their data), nothing is cached there,
+    nothing is pruned, and one warning says why."""
+    import gpuprof
+
+    root = tmp_path / "scratch"
+    _user_data(root)
+    mine = {p: (p.read_bytes() if p.is_file() else None) for p in root.rglob("*")}
+    assert cache.prune(root, limit=0) == []  # no marker: not a gpuprof cache
+    monkeypatch.setenv("GPUPROF_CACHE_DIR", str(root))
+    cache._REFUSED.clear()
+    with pytest.warns(GpuprofWarning, match="holds files gpuprof did not write"):
+        gpuprof.analyze(SAMPLES / "tiny_eager.json.gz")
+    assert not (root / cache.MARKER).exists()
+    assert {p: (p.read_bytes() if p.is_file() else None) for p in root.rglob("*")} == mine
+    r = subprocess.run([sys.executable, "-m", "gpuprof.cli", "report", str(SAMPLES / "tiny_eager.json.gz"),
+                        "--format", "json"], capture_output=True, text=True, env={**os.environ, "GPUPROF_CACHE_DIR": str(root)})
+    assert r.returncode == 0 and not (root / cache.MARKER).exists()
+    lines = [x for x in r.stderr.splitlines() if "warning" in x]
+    assert len(lines) == 1 and lines[0].startswith("gpuprof: warning: ") and "GPUPROF_CACHE_DIR" in lines[0], r.stderr
+
+
+def test_an_empty_or_new_folder_is_marked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gpuprof
+
+    for root in (tmp_path / "empty", tmp_path / "new" / "cache"):
+        if root.name == "empty":
+            root.mkdir()
+        monkeypatch.setenv("GPUPROF_CACHE_DIR", str(root))
+        gpuprof.analyze(SAMPLES / "tiny_eager.json.gz")
+        assert (root / cache.MARKER).is_file() and len(cache.entries(root)) == 2
+
+
+def test_prune_deletes_only_what_gpuprof_wrote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache gpuprof made, into which other files were put later: pruning to nothing deletes
+    every gpuprof entry and nothing else."""
+    import gpuprof
+
+    root = tmp_path / "scratch"
     monkeypatch.setenv("GPUPROF_CACHE_DIR", str(root))
     gpuprof.analyze(SAMPLES / "tiny_eager.json.gz")
     assert (root / cache.MARKER).is_file() and len(cache.entries(root)) == 2  # frames and a result
+    ours = {e for _, _, e in cache.entries(root)}
+    _user_data(root)
+    mine = sorted(p for p in root.rglob("*") if p.name != cache.MARKER and not any(o in p.parents or o == p for o in ours))
     gone = cache.prune(root, limit=0)
-    assert len(gone) == 2 and all(not p.exists() for p in gone)
+    assert set(gone) == ours and all(not p.exists() for p in gone)
     assert sorted(p for p in root.rglob("*") if p.name != cache.MARKER) == mine
 
 

@@ -29,6 +29,7 @@ import re
 import shutil
 import tempfile
 import time
+import warnings
 import dataclasses
 from dataclasses import fields, is_dataclass
 from pathlib import Path
@@ -43,6 +44,7 @@ import gpuprof
 # Keys (and the report cache) live apart so that a cached report needs no pandas or pyarrow.
 from gpuprof.cache_keys import (  # (re-exported: callers use them from here)
     FORMAT, cache_dir, content_key, hash_bytes, key_of, remember, source_hash, stat_id)
+from gpuprof.errors import GpuprofWarning
 from gpuprof.trace.model import RankTrace, TraceMeta
 
 FRAMES = ("kernels", "memcpys", "ops", "runtime", "annotations", "steps", "collectives", "python", "memory")
@@ -67,14 +69,40 @@ class _FrameMeta(msgspec.Struct, forbid_unknown_fields=True):
 _FRAME_META = msgspec.json.Decoder(_FrameMeta)
 
 
-def _ensure_root(base: Path) -> None:
-    base.mkdir(parents=True, exist_ok=True)
+#: What a cache folder holds besides the marker: a folder holding other names is not ours.
+_LAYOUT = {"frames", "results", MARKER}
+_REFUSED: set[str] = set()
+
+
+def _ensure_root(base: Path) -> bool:
+    """Whether ``base`` may hold the cache, marking it (``CACHEDIR.TAG``) when gpuprof creates it
+    or finds it empty. A folder that already holds other files and no marker is the user's (a
+    ``GPUPROF_CACHE_DIR`` pointed at their data): it is neither marked (``tar --exclude-caches``
+    and backup tools would then skip their data) nor written into, and one line on stderr says
+    so, once per process."""
     tag = base / MARKER
-    if not tag.exists():
-        try:
-            tag.write_text(_MARKER_TEXT)
-        except OSError:
-            pass
+    if tag.is_file() and not tag.is_symlink():
+        return True
+    try:
+        if base.is_dir():
+            foreign = sorted(n for n in os.listdir(base) if n not in _LAYOUT)
+            if foreign:
+                if str(base) not in _REFUSED:
+                    _REFUSED.add(str(base))
+                    warnings.warn(GpuprofWarning(
+                        f"{base}: the cache folder holds files gpuprof did not write ({foreign[0]!r}"
+                        f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}) and no {MARKER}: not used "
+                        "as a cache (set GPUPROF_CACHE_DIR to an empty or new folder)"), stacklevel=2)
+                return False
+        else:
+            base.mkdir(parents=True, exist_ok=True)
+        with open(tag, "x", encoding="utf-8") as f:
+            f.write(_MARKER_TEXT)
+    except FileExistsError:
+        pass
+    except OSError:
+        return False
+    return True
 
 
 def _frames_dir(root: Path | None) -> Path:
@@ -121,7 +149,8 @@ def store(trace: RankTrace, key: str, root: Path | None = None) -> None:
     base = _frames_dir(root)
     tmp: Path | None = None
     try:
-        _ensure_root(base.parent)
+        if not _ensure_root(base.parent):
+            return
         base.mkdir(exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=_TMP, dir=base))
         dtypes = {}
@@ -198,7 +227,8 @@ def put_result(key: str, value: Any, kind: Any, root: Path | None = None) -> Non
         data = encode(value)
         if not same(decode(data, kind), value):
             return  # would not come back identical (e.g. a tuple inside free-form evidence): keep no copy
-        _ensure_root(f.parent.parent)
+        if not _ensure_root(f.parent.parent):
+            return
         f.parent.mkdir(exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=_TMP, dir=f.parent)
         with os.fdopen(fd, "wb") as fh:
