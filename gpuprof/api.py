@@ -154,14 +154,14 @@ def _rebuilt_manifest(folder: Path) -> dict[str, Any] | None:
 def run_manifest(folder: Path) -> tuple[dict[str, Any] | None, Path]:
     """The run folder's manifest (types checked, secrets redacted) and its path; rebuilt from
     what the recorder left when it has none; None for a plain folder of traces."""
-    from gpuprof.files import read_file
+    from gpuprof import files
     from gpuprof.redact import redact_manifest
 
     manifest = folder / "manifest.json"
-    if not manifest.is_file():
+    if not os.path.lexists(manifest):
         return _rebuilt_manifest(folder), manifest
-    try:
-        doc = json.loads(read_file(manifest).decode("utf-8"))  # a regular file only (a FIFO would block)
+    try:  # a regular file inside the run folder, bounded (a FIFO would block, /dev/zero never end)
+        doc = json.loads(files.read(manifest, inside=folder, max_bytes=files.SMALL_FILE_BYTES).decode("utf-8"))
     except (OSError, ValueError, RecursionError) as e:
         reason = "nested too deeply" if isinstance(e, RecursionError) else f"{e.__class__.__name__}: {e}"
         raise TraceError(f"unreadable run manifest ({reason})", str(manifest)) from None
@@ -1261,7 +1261,7 @@ def _run_nvml(folder: Path | None, doc: dict[str, Any]) -> tuple[pd.DataFrame | 
         if isinstance(dev, int):
             ids = [x for x in str(vis).split(",") if x.strip().isdigit()] if vis else []
             gpu_of[int(r.get("rank") or 0)] = int(ids[dev]) if dev < len(ids) else dev
-    samples = load_csv(path)
+    samples = load_csv(path, inside=folder)
     hz = nv.get("hz")
     period = 1.0 / float(hz) if hz else (_sample_period(samples) or 0.05)
     return samples, period, gpu_of

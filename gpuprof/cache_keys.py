@@ -179,9 +179,12 @@ def cached_report(key: str) -> str | None:
     f = result_file(key)
     if not f.is_file() or f.is_symlink():
         return None
+    from gpuprof import files
+    from gpuprof.errors import GpuprofError
+
     try:
-        text: str = msgspec.msgpack.decode(f.read_bytes(), type=str)
-    except (msgspec.DecodeError, OSError, ValueError):
+        text: str = msgspec.msgpack.decode(files.read_file(f), type=str)
+    except (msgspec.DecodeError, OSError, ValueError, GpuprofError):
         f.unlink(missing_ok=True)
         return None
     try:

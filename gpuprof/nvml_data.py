@@ -35,11 +35,18 @@ METRICS = ("util_gpu_pct", "util_mem_pct", "mem_used_mb", "mem_total_mb", "power
 _MAX_REASONS = 2 ** 53
 
 
-def load_csv(path: Path) -> pd.DataFrame:
+def load_csv(path: Path, inside: Path | None = None) -> pd.DataFrame:
     """The samples, every known column present and numeric (absent or unreadable values NaN);
-    ``ts_ns`` and ``gpu`` must be whole numbers in every row."""
+    ``ts_ns`` and ``gpu`` must be whole numbers in every row. The file is read the one way gpuprof
+    reads files (:func:`gpuprof.files.read`: a regular file, inside ``inside`` when given,
+    decompressed by content and bounded), never by the compression its name suggests."""
+    import io
+
+    from gpuprof import files
+
+    data = files.read(path, inside=inside)
     try:
-        df = pd.read_csv(path, low_memory=False)
+        df = pd.read_csv(io.BytesIO(data), low_memory=False, compression=None)
     except (OSError, ValueError, UnicodeDecodeError) as e:
         raise TraceError(f"unreadable NVML samples ({e.__class__.__name__}: {e})", str(path)) from None
     for col in ("ts_ns", "gpu"):

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuprof.errors import SpecError
-from gpuprof.files import read_file
+from gpuprof import files
 
 DTYPES = ("fp64", "fp64_tc", "fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 
@@ -394,7 +394,7 @@ def load_spec_file(path: str | Path) -> GpuSpec:
     """
     p = Path(path)
     try:
-        raw = json.loads(read_file(p, SpecError).decode("utf-8"))
+        raw = json.loads(files.read(p, error=SpecError, max_bytes=files.SMALL_FILE_BYTES).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise SpecError(f"not a JSON spec file ({e.__class__.__name__}: {e})", str(p)) from None
     if not isinstance(raw, dict):

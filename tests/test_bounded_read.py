@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpuprof.errors import SpecError, TraceError
+from gpuprof import files
 from gpuprof.trace import load
 from tests.conftest import SAMPLES
 
@@ -79,7 +80,7 @@ def test_ratio_limit_and_its_override(tmp_path: Path, monkeypatch: pytest.Monkey
     read under the default and with the limit off (0), identical to gzip's own output."""
     raw = (SAMPLES / "gpt_bf16.json.gz").read_bytes()
     want = gzip.decompress(raw)
-    monkeypatch.setattr(load, "GUNZIP_FREE_BYTES", 0)
+    monkeypatch.setattr(files, "GUNZIP_FREE_BYTES", 0)
     assert load.decompress(Path("t.gz"), raw) == want
     monkeypatch.setenv("GPUPROF_GUNZIP_MAX_RATIO", "5")
     with pytest.raises(TraceError, match="t.gz: gzip data expands more than 5x"):

@@ -36,14 +36,26 @@ def write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def _record(p: Path, run_dir: Path) -> Any:
+    """A JSON record of the run folder, read the one way gpuprof reads files (a regular file inside
+    the folder, bounded: :func:`gpuprof.files.read`); a FIFO, a device or a link out of the folder
+    is refused, never read."""
+    from gpuprof import files
+
+    return json.loads(files.read(p, inside=run_dir, max_bytes=files.SMALL_FILE_BYTES).decode("utf-8"))
+
+
 def collect_ranks(run_dir: Path) -> list[dict[str, Any]]:
+    from gpuprof.errors import GpuprofError
+
     out = []
     for p in sorted((run_dir / "traces").glob(META_GLOB)):
         try:
-            rec = json.loads(p.read_text())
+            rec = _record(p, run_dir)
             out.append(rec if isinstance(rec, dict) else {"meta_file": p.name, "error": "unreadable rank record"})
-        except (OSError, ValueError):
-            out.append({"meta_file": p.name, "error": "unreadable rank record"})
+        except (OSError, ValueError, RecursionError, GpuprofError) as e:
+            why = str(e).split(": ", 1)[-1] if isinstance(e, GpuprofError) else "unreadable rank record"
+            out.append({"meta_file": p.name, "error": why})
     return out
 
 
@@ -52,13 +64,15 @@ def collect_idle(run_dir: Path) -> list[dict[str, Any]]:
     (it holds only these notes, which the launcher asked the processes to write)."""
     d = run_dir / PROCS_DIR
     out = []
+    from gpuprof.errors import GpuprofError
+
     for p in sorted(d.glob("pid*.json")) if d.is_dir() else []:
         try:
-            rec = json.loads(p.read_text())
+            rec = _record(p, run_dir)
             if isinstance(rec, dict):
                 out.append(rec)
             p.unlink()
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError, GpuprofError):
             pass
     with contextlib.suppress(OSError):
         d.rmdir()

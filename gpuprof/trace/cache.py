@@ -23,6 +23,7 @@ layout exactly (our names, our marker), never anything else in the folder.
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import re
@@ -41,6 +42,7 @@ import pandas as pd
 import pyarrow as pa
 
 import gpuprof
+from gpuprof import files
 # Keys (and the report cache) live apart so that a cached report needs no pandas or pyarrow.
 from gpuprof.cache_keys import (  # (re-exported: callers use them from here)
     FORMAT, cache_dir, content_key, hash_bytes, key_of, remember, source_hash, stat_id)
@@ -117,7 +119,7 @@ def load(path: Path, key: str, root: Path | None = None) -> RankTrace | None:
     if not entry.is_dir() or entry.is_symlink():
         return None
     try:
-        doc = _FRAME_META.decode((entry / "meta.json").read_bytes())
+        doc = _FRAME_META.decode(files.read(entry / "meta.json", inside=entry, max_bytes=files.SMALL_FILE_BYTES))
         if doc.key != key or doc.format != FORMAT or set(doc.dtypes) != set(FRAMES):
             raise ValueError("key or format mismatch")
         frames = {}
@@ -125,7 +127,7 @@ def load(path: Path, key: str, root: Path | None = None) -> RankTrace | None:
             f = entry / f"{name}.parquet"
             if f.is_symlink():
                 raise ValueError("not our file")
-            df = pd.read_parquet(f)
+            df = pd.read_parquet(io.BytesIO(files.read_file(f)))  # a regular file (a FIFO would block)
             want = doc.dtypes[name]
             if list(df.columns) != list(want):
                 raise ValueError(f"{name}: columns differ")
@@ -210,7 +212,7 @@ def get_result(key: str, kind: Any, root: Path | None = None) -> Any:
     if f is None or not f.is_file() or f.is_symlink():
         return None
     try:
-        value = decode(f.read_bytes(), kind)
+        value = decode(files.read_file(f), kind)
         _touch(f)
         return value
     except Exception:  # truncated, tampered or from an incompatible version: recompute

@@ -15,7 +15,7 @@ import math
 import operator
 import os
 import re
-import zlib
+
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from gpuprof.errors import TraceError
+from gpuprof import files
 from gpuprof.files import read_file
 from gpuprof.trace.links import attach_links
 from gpuprof.trace.model import RankTrace
@@ -177,69 +178,15 @@ _EPOCH_US = 1e15
 _MEMCPY_NAME = re.compile(r"^Memcpy (\w+) \((\w+) -> (\w+)\)")
 
 
-#: gzip output allowed per input byte (the most a real trace in the corpus and samples shows is
-#: 30x; gzip's own limit is about 1032x, which only crafted files reach), and below which any ratio is fine.
-GUNZIP_MAX_RATIO = 200.0
-GUNZIP_FREE_BYTES = 64 << 20
-_GUNZIP_ENV = "GPUPROF_GUNZIP_MAX_RATIO"
-
-
-def gunzip_limit() -> float:
-    """The gzip expansion ratio refused (``$GPUPROF_GUNZIP_MAX_RATIO``, default 200; 0 = no limit)."""
-    raw = os.environ.get(_GUNZIP_ENV)
-    if raw is None:
-        return GUNZIP_MAX_RATIO
-    try:
-        ratio = float(raw)
-    except ValueError:
-        raise TraceError(f"{_GUNZIP_ENV} must be a number (0 = no limit), got {raw!r}") from None
-    return math.inf if ratio == 0 or ratio == math.inf else ratio if ratio > 0 else GUNZIP_MAX_RATIO
-
-
-def decompress(path: Path, raw: bytes) -> bytes:
-    """``raw`` gunzipped when it starts with the gzip magic (whatever the file is called), else as is.
-
-    Decompression is streamed and stops as soon as the output passes ``gunzip_limit()`` times the
-    input consumed so far (past the first 64 MB): a crafted gzip (4 MB that expands to 8 GB) fails
-    within that much memory instead of exhausting it."""
-    if raw[:2] != b"\x1f\x8b":
-        return raw
-    ratio = gunzip_limit()
-    out = bytearray()
-    view = memoryview(raw)
-    step = 1 << 20
-    pos = 0  # input bytes consumed
-    d = zlib.decompressobj(wbits=31)
-    try:
-        while True:
-            if d.eof:  # a member ended: another member follows (concatenated gzip), or zero padding, or the end
-                pos -= len(d.unused_data)
-                if bytes(view[pos:pos + 2]) != b"\x1f\x8b":
-                    if any(view[pos:]):
-                        raise TraceError("corrupt gzip data (garbage after the gzip stream)", str(path))
-                    return bytes(out)
-                d = zlib.decompressobj(wbits=31)
-            if pos >= len(view):
-                raise TraceError("truncated gzip stream (was the run killed while the trace was written?)", str(path))
-            piece: bytes | memoryview = view[pos:pos + step]
-            pos += len(piece)
-            while piece and not d.eof:
-                out += d.decompress(piece, step * 16)
-                piece = d.unconsumed_tail
-                used = pos - len(piece)
-                if len(out) > GUNZIP_FREE_BYTES and len(out) > ratio * used:
-                    raise TraceError(
-                        f"gzip data expands more than {ratio:g}x (past {len(out) >> 20} MB from the first "
-                        f"{max(used >> 20, 1)} MB); no real trace compresses that well. Set {_GUNZIP_ENV}=0 to "
-                        "read it anyway", str(path))
-            pos -= len(piece)  # (only non-empty when the member ended inside it)
-    except zlib.error as e:
-        raise TraceError(f"corrupt gzip data ({e})", str(path)) from None
+# The bounded reader every file goes through (kept importable from here, where it began).
+GUNZIP_MAX_RATIO = files.GUNZIP_MAX_RATIO
+gunzip_limit = files.gunzip_limit
+decompress = files.decompress
 
 
 def read_bytes(path: Path) -> bytes:
-    """A regular file's contents, gunzipped (bounded) when they start with the gzip magic."""
-    return decompress(path, read_file(path))
+    """A regular file's contents, decompressed by content (bounded): :func:`gpuprof.files.read`."""
+    return files.read(path)
 
 
 def _decode(path: Path, data: bytes | bytearray, decoder: Any = _DECODER) -> Any:
@@ -734,7 +681,7 @@ def load_trace(path: str | Path, fallback_rank: int = 0, source: list[bytes] | N
 
 
 def _load(p: Path, fallback_rank: int, source: list[bytes] | None = None) -> RankTrace:
-    data = decompress(p, source.pop()) if source else read_bytes(p)
+    data = files.unpack(p, source.pop()) if source else read_bytes(p)
     doc = _decode(p, data)
     events: list[msgspec.Raw] = doc.traceEvents or []
     n_events = len(events)
