@@ -26,7 +26,9 @@ from typing import Any
 
 
 def _h(text: str) -> str:
-    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+    """A hash of ``text`` with the checkout's own folder written as ``<cwd>``, so that two
+    checkouts of the same code (before and after a change) digest alike."""
+    return hashlib.blake2b(text.replace(str(Path.cwd().resolve()), "<cwd>").encode(), digest_size=16).hexdigest()
 
 
 def _frame_text(v: Any) -> str:
