@@ -23,12 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from gpuprof.analyzers._base import Candidate, ms, outermost_aten, per_shape, shape_codes, top_names, views
+from gpuprof.claims import Candidate
+from gpuprof.analyzers._base import ms, per_shape, shape_codes, top_names
+from gpuprof.idle import outermost_aten
 
 from gpuprof.trace.load import parse_arg
 
 if TYPE_CHECKING:
-    from gpuprof.api import Analysis
+    from gpuprof.rank import RankView
 
 SOFTMAX = ("aten::_softmax", "aten::_softmax_backward_data", "aten::_safe_softmax")
 MASK = ("aten::masked_fill", "aten::masked_fill_", "aten::where", "aten::add")
@@ -134,72 +136,71 @@ def _mask_ops(ops: Any, rows: np.ndarray, t: int) -> np.ndarray:
     return out
 
 
-def run(analysis: Analysis) -> list[Candidate]:
-    spec = analysis.spec
+def run(v: RankView) -> list[Candidate]:
+    spec = v.spec
     assert spec is not None
-    out = []
-    for v in views(analysis):
-        k = v.kernels
-        ops = v.trace.ops
-        inner = k["op"].to_numpy().astype(np.int64)
-        codes, sq = shape_codes(ops, inner, _square)
-        k_sq = pd.Series(np.array([*sq, 0], dtype=np.int64)[codes], index=k.index)  # code -1 (no op): 0
-        names = k["op_name"].astype(str)
-        soft = names.isin(SOFTMAX) & (k_sq > 0)
-        if not soft.any():
-            continue
-        t = int(k_sq[soft].mode().to_numpy()[0])
-        outer = inner.copy()
-        outer[inner >= 0] = outermost_aten(ops, inner[inner >= 0])
-        k_t = np.maximum(_attention_t(ops, inner), _attention_t(ops, outer))
-        in_attn = (k_t > 0) | _mask_ops(ops, inner, t)
-        attn = k[in_attn]
-        why_causal = _causal_evidence(ops, t)
-        causal = why_causal is not None
-        masked = bool((attn["op_name"].astype(str).isin(MASK)).any())
-        gemm = attn[attn["family"] == "gemm"]
-        others = k[(k["family"] == "gemm") & (k["engine"] == "tensor") & ~k.index.isin(attn.index)
-                   & np.isfinite(k["t_roof_us"])]
-        # The fused kernel runs the same per-head matmuls (T×T×head_dim tiles): the rate the
-        # attention's own unfused matmuls reach is the measure; the model's large linear GEMMs run
-        # several times closer to the peak (gpt_manual_attn: 0.18 against 0.72 of it). Their FLOP
-        # rate, not their roofline time: the unfused QKᵀ is bound by writing the T×T scores
-        dtype = str(gemm["math_dtype"].mode().iat[0]) if len(gemm) else "bf16"
-        own = gemm[(gemm["engine"] == "tensor") & (gemm["flops"] > 0)]
-        if own["dur"].sum() > 0:
-            eff = min(1.0, float(own["flops"].sum()) / (float(own["dur"].sum()) * 1e-6) / (spec.peak(dtype) * 1e12))
-        else:
-            eff = float(others["t_roof_us"].sum() / others["dur"].sum()) if others["dur"].sum() > 0 else 1.0
-        flops = float(gemm["flops"].sum()) * (0.5 if causal else 1.0)
-        fused_us = flops / (spec.peak(dtype) * 1e12 * eff) * 1e6
-        total = float(attn["dur"].sum())
-        # Spread the fused time over the affected kernels in proportion to their duration.
-        saved = attn["dur"] * max(0.0, 1.0 - fused_us / total) if total > 0 else attn["dur"] * 0
-        if causal:
-            call = "`F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)`"
-        elif masked:
-            call = ("`F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)` (pass the mask you "
-                    "apply today; `is_causal=True` only if it is the causal triangle)")
-        else:
-            call = "`F.scaled_dot_product_attention(q, k, v, dropout_p=p)` (no mask: keep it unmasked)"
-        out.append(Candidate(
-            id="GP-ATTN-001", category="attention_fusion",
-            title=f"Unfused attention: {len(attn) // v.n_steps} kernels per step read and write {t}×{t} score "
-                  f"tensors ({100 * total / v.n_steps / v.step_time_us:.0f}% of step time)",
-            confidence="high" if len(others) else "medium",
-            recommendation=f"Replace the matmul/mask/softmax/dropout attention with {call} "
-                           "(FlashAttention/cuDNN kernels; no T×T tensor in memory; same results).",
-            units={**v.kernel_units(attn.index, saved), **v.inner_gap_units(attn.index)},
-            evidence={
-                "rank": v.rank, "sequence_length": t, "causal_mask_seen": causal,
-                "causal_evidence": why_causal, "mask_seen": masked,
-                "unfused_ms_per_step": round(ms(total) / v.n_steps, 3),
-                "estimated_fused_ms_per_step": round(ms(fused_us) / v.n_steps, 3),
-                "gemm_efficiency_used": round(eff, 3),
-                "ops": attn["op_name"].astype(str).value_counts().head(8).to_dict(),
-                "kernels": top_names(attn),
-                "estimate": "fused attention = the attention matmul FLOPs (halved if causal) at the roofline "
-                            "efficiency of the attention's own unfused matmuls (their FLOP rate over the peak)",
-            },
-        ))
+    out: list[Candidate] = []
+    k = v.kernels
+    ops = v.trace.ops
+    inner = k["op"].to_numpy().astype(np.int64)
+    codes, sq = shape_codes(ops, inner, _square)
+    k_sq = pd.Series(np.array([*sq, 0], dtype=np.int64)[codes], index=k.index)  # code -1 (no op): 0
+    names = k["op_name"].astype(str)
+    soft = names.isin(SOFTMAX) & (k_sq > 0)
+    if not soft.any():
+        return out
+    t = int(k_sq[soft].mode().to_numpy()[0])
+    outer = inner.copy()
+    outer[inner >= 0] = outermost_aten(ops, inner[inner >= 0])
+    k_t = np.maximum(_attention_t(ops, inner), _attention_t(ops, outer))
+    in_attn = (k_t > 0) | _mask_ops(ops, inner, t)
+    attn = k[in_attn]
+    why_causal = _causal_evidence(ops, t)
+    causal = why_causal is not None
+    masked = bool((attn["op_name"].astype(str).isin(MASK)).any())
+    gemm = attn[attn["family"] == "gemm"]
+    others = k[(k["family"] == "gemm") & (k["engine"] == "tensor") & ~k.index.isin(attn.index)
+               & np.isfinite(k["t_roof_us"])]
+    # The fused kernel runs the same per-head matmuls (T×T×head_dim tiles): the rate the
+    # attention's own unfused matmuls reach is the measure; the model's large linear GEMMs run
+    # several times closer to the peak (gpt_manual_attn: 0.18 against 0.72 of it). Their FLOP
+    # rate, not their roofline time: the unfused QKᵀ is bound by writing the T×T scores
+    dtype = str(gemm["math_dtype"].mode().iat[0]) if len(gemm) else "bf16"
+    own = gemm[(gemm["engine"] == "tensor") & (gemm["flops"] > 0)]
+    if own["dur"].sum() > 0:
+        eff = min(1.0, float(own["flops"].sum()) / (float(own["dur"].sum()) * 1e-6) / (spec.peak(dtype) * 1e12))
+    else:
+        eff = float(others["t_roof_us"].sum() / others["dur"].sum()) if others["dur"].sum() > 0 else 1.0
+    flops = float(gemm["flops"].sum()) * (0.5 if causal else 1.0)
+    fused_us = flops / (spec.peak(dtype) * 1e12 * eff) * 1e6
+    total = float(attn["dur"].sum())
+    # Spread the fused time over the affected kernels in proportion to their duration.
+    saved = attn["dur"] * max(0.0, 1.0 - fused_us / total) if total > 0 else attn["dur"] * 0
+    if causal:
+        call = "`F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)`"
+    elif masked:
+        call = ("`F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)` (pass the mask you "
+                "apply today; `is_causal=True` only if it is the causal triangle)")
+    else:
+        call = "`F.scaled_dot_product_attention(q, k, v, dropout_p=p)` (no mask: keep it unmasked)"
+    out.append(Candidate(
+        id="GP-ATTN-001", category="attention_fusion",
+        title=f"Unfused attention: {len(attn) // v.n_steps} kernels per step read and write {t}×{t} score "
+              f"tensors ({100 * total / v.n_steps / v.step_time_us:.0f}% of step time)",
+        confidence="high" if len(others) else "medium",
+        recommendation=f"Replace the matmul/mask/softmax/dropout attention with {call} "
+                       "(FlashAttention/cuDNN kernels; no T×T tensor in memory; same results).",
+        units={**v.kernel_units(attn.index, saved), **v.inner_gap_units(attn.index)},
+        evidence={
+            "rank": v.rank, "sequence_length": t, "causal_mask_seen": causal,
+            "causal_evidence": why_causal, "mask_seen": masked,
+            "unfused_ms_per_step": round(ms(total) / v.n_steps, 3),
+            "estimated_fused_ms_per_step": round(ms(fused_us) / v.n_steps, 3),
+            "gemm_efficiency_used": round(eff, 3),
+            "ops": attn["op_name"].astype(str).value_counts().head(8).to_dict(),
+            "kernels": top_names(attn),
+            "estimate": "fused attention = the attention matmul FLOPs (halved if causal) at the roofline "
+                        "efficiency of the attention's own unfused matmuls (their FLOP rate over the peak)",
+        },
+    ))
     return out

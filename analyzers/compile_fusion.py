@@ -47,11 +47,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from gpuprof.analyzers._base import Candidate, RankView, Unit, graph_capture_calls, in_graph, ms, name_mask, \
-    shape_codes, top_names, views
+from gpuprof.claims import Candidate, Unit
+from gpuprof.rank import RankView
+from gpuprof.idle import graph_capture_calls, in_graph, name_mask
+from gpuprof.analyzers._base import ms, shape_codes, top_names
 
-if TYPE_CHECKING:
-    from gpuprof.api import Analysis
 
 FUSIBLE = ("elementwise", "norm", "reduction", "softmax", "loss", "copy", "embedding")
 #: Ops Inductor fuses whose kernels the roofline leaves without a family (pooling, index
@@ -258,64 +258,63 @@ def inductor_plan(v: RankView) -> pd.DataFrame:
     return out
 
 
-def run(analysis: Analysis) -> list[Candidate]:
-    out = []
-    for v in views(analysis):
-        # a trace that records graph capture is not a steady state: its host time is capture's
-        if v.kernels.empty or already_compiled(v) or graph_capture_calls(v.trace):
-            continue
-        plan = inductor_plan(v)
-        if plan.empty:
-            continue
-        kk = v.kernels.loc[plan.index]
-        n = v.n_steps
-        member = (plan["group"] >= 0).to_numpy()
-        slot = (plan["group"] < 0).to_numpy() & (plan["after_us"] != plan["dur"]).to_numpy()
-        goes = member & ~plan["first"].to_numpy()
-        touched = member | slot
-        dur, after = plan["dur"].to_numpy(), plan["after_us"].to_numpy()
-        removed = float(goes.sum()) / n
-        kernels = float((~in_graph(v.kernels)).sum()) / n
-        gpu_us = float((dur - after)[touched].sum()) / n
-        if gpu_us <= 0 and removed <= 0:
-            continue
-        # the fix's units: every kernel it changes (0 µs where the GPU gains nothing: the
-        # kernel still changes, its launch goes) and the launch gaps before the kernels that go;
-        # the replay of the Inductor kernels (gpuprof.replay.fixes) is the estimate
-        rows = plan.index[touched]
-        units: dict[Unit, float] = dict(zip((("k", v.rank, int(r)) for r in rows),
-                                            np.maximum(dur - after, 0.0)[touched].tolist()))
-        units.update(_host_gap_units(v, 1.0 - (kernels - removed) / kernels if kernels else 0.0))
-        n_runs = plan["run"].nunique() / n
-        gaps = v.gaps
-        sync_idle = float(gaps.loc[(gaps["cause"] == "sync").to_numpy(), "real_dur"].sum()) / n if len(gaps) else 0.0
-        out.append(Candidate(
-            id="GP-COMPILE-001", category="compile",
-            title=f"torch.compile would fuse {n_runs:.0f} kernel runs per step and remove {removed:.0f} of "
-                  f"{kernels:.0f} kernel launches, with the host work before each",
-            # syncs serialise host and GPU: what the launches removed save depends on when the
-            # host gets ahead again, which the profiled host's timing decides
-            confidence="low" if sync_idle >= SYNC_SHARE * v.real_step_us else v.host_confidence("medium"),
-            recommendation="Compile the model: `model = torch.compile(model)` (train step unchanged; the optimizer "
-                           "stays eager, `AdamW(fused=True)` covers it). Inductor fuses norms, activations, residual "
-                           "adds, casts, rotary, dropout and the loss into a few kernels and removes their launches "
-                           "and Python dispatch. Warm up before timing (the first steps compile), check "
-                           "`TORCH_LOGS=graph_breaks` for breaks, and keep shapes static (or `dynamic=False`).",
-            units=units,
-            priority_ms=0.0,  # claims after the specific fusions: its saving alone is priced on all its units
-            evidence={
-                "rank": v.rank, "runs_per_step": round(n_runs, 1),
-                "fusible_kernels_per_step": round(len(plan) / n, 1),
-                "kernels_per_step": round(kernels, 1), "kernels_after_per_step": round(kernels - removed, 1),
-                "split_reduction_kernels_per_step": round(float(slot.sum()) / n, 1),
-                "fusible_ms_per_step": round(ms(float(dur.sum())) / n, 3),
-                "gpu_ms_saved_per_step": round(ms(gpu_us), 3),
-                "sync_idle_ms_per_step": round(ms(sync_idle), 3),
-                "ops": kk["op_name"].astype(str).value_counts().head(8).to_dict(), "kernels": top_names(kk),
-                "estimate": "Inductor's kernels per run: one per iteration space, plus a pass per output of a "
-                            "split reduction (in place of kernels that would go); a fused kernel moves its largest "
-                            "member's bytes at the run's achieved roofline efficiency; the launches of the kernels "
-                            "that go and the host work before each leave the host chain",
-            },
-        ))
+def run(v: RankView) -> list[Candidate]:
+    out: list[Candidate] = []
+    # a trace that records graph capture is not a steady state: its host time is capture's
+    if v.kernels.empty or already_compiled(v) or graph_capture_calls(v.trace):
+        return out
+    plan = inductor_plan(v)
+    if plan.empty:
+        return out
+    kk = v.kernels.loc[plan.index]
+    n = v.n_steps
+    member = (plan["group"] >= 0).to_numpy()
+    slot = (plan["group"] < 0).to_numpy() & (plan["after_us"] != plan["dur"]).to_numpy()
+    goes = member & ~plan["first"].to_numpy()
+    touched = member | slot
+    dur, after = plan["dur"].to_numpy(), plan["after_us"].to_numpy()
+    removed = float(goes.sum()) / n
+    kernels = float((~in_graph(v.kernels)).sum()) / n
+    gpu_us = float((dur - after)[touched].sum()) / n
+    if gpu_us <= 0 and removed <= 0:
+        return out
+    # the fix's units: every kernel it changes (0 µs where the GPU gains nothing: the
+    # kernel still changes, its launch goes) and the launch gaps before the kernels that go;
+    # the replay of the Inductor kernels (gpuprof.replay.fixes) is the estimate
+    rows = plan.index[touched]
+    units: dict[Unit, float] = dict(zip((("k", v.rank, int(r)) for r in rows),
+                                        np.maximum(dur - after, 0.0)[touched].tolist()))
+    units.update(_host_gap_units(v, 1.0 - (kernels - removed) / kernels if kernels else 0.0))
+    n_runs = plan["run"].nunique() / n
+    gaps = v.gaps
+    sync_idle = float(gaps.loc[(gaps["cause"] == "sync").to_numpy(), "real_dur"].sum()) / n if len(gaps) else 0.0
+    out.append(Candidate(
+        id="GP-COMPILE-001", category="compile",
+        title=f"torch.compile would fuse {n_runs:.0f} kernel runs per step and remove {removed:.0f} of "
+              f"{kernels:.0f} kernel launches, with the host work before each",
+        # syncs serialise host and GPU: what the launches removed save depends on when the
+        # host gets ahead again, which the profiled host's timing decides
+        confidence="low" if sync_idle >= SYNC_SHARE * v.real_step_us else v.host_confidence("medium"),
+        recommendation="Compile the model: `model = torch.compile(model)` (train step unchanged; the optimizer "
+                       "stays eager, `AdamW(fused=True)` covers it). Inductor fuses norms, activations, residual "
+                       "adds, casts, rotary, dropout and the loss into a few kernels and removes their launches "
+                       "and Python dispatch. Warm up before timing (the first steps compile), check "
+                       "`TORCH_LOGS=graph_breaks` for breaks, and keep shapes static (or `dynamic=False`).",
+        units=units, regroup=plan,
+        priority_ms=0.0,  # claims after the specific fusions: its saving alone is priced on all its units
+        evidence={
+            "rank": v.rank, "runs_per_step": round(n_runs, 1),
+            "fusible_kernels_per_step": round(len(plan) / n, 1),
+            "kernels_per_step": round(kernels, 1), "kernels_after_per_step": round(kernels - removed, 1),
+            "split_reduction_kernels_per_step": round(float(slot.sum()) / n, 1),
+            "fusible_ms_per_step": round(ms(float(dur.sum())) / n, 3),
+            "gpu_ms_saved_per_step": round(ms(gpu_us), 3),
+            "sync_idle_ms_per_step": round(ms(sync_idle), 3),
+            "ops": kk["op_name"].astype(str).value_counts().head(8).to_dict(), "kernels": top_names(kk),
+            "estimate": "Inductor's kernels per run: one per iteration space, plus a pass per output of a "
+                        "split reduction (in place of kernels that would go); a fused kernel moves its largest "
+                        "member's bytes at the run's achieved roofline efficiency; the launches of the kernels "
+                        "that go and the host work before each leave the host chain",
+        },
+    ))
     return out

@@ -7,7 +7,7 @@ Each NCCL kernel's exposed time (not overlapped by compute on its GPU) is split 
 the transfer part belongs to exposed_communication, the waiting part to rank_imbalance.
 
 exposed_communication — Estimate, two or more ranks: the job's replay across ranks
-(:mod:`gpuprof.replay.ranks`) with the collectives run behind compute, the largest of each step
+(:mod:`gpuprof.replay.job`) with the collectives run behind compute, the largest of each step
 kept (the last gradient bucket cannot overlap backward), and the host work of issuing them gone
 (the slowest rank's step before − after). One rank (no collective can be matched, so transfer and
 waiting cannot be told apart): the exposed transfer time while GPU work was queued behind it,
@@ -22,12 +22,12 @@ up: its runtime calls block (launch queue full) for at least ``HELD_FRACTION`` o
 than the slow rank's do; less the profiler's cost of the slow rank's recorded host events
 meanwhile: what the most-waiting rank still waits. That arithmetic is the estimate only where the
 job is not replayed (too big for one process); otherwise it is the job's replay across ranks with
-each slow rank's extra host stretches cut (:func:`gpuprof.replay.ranks.rebalance`): the slowest
+each slow rank's extra host stretches cut (:func:`gpuprof.replay.job.rebalance`): the slowest
 rank's step before - after. Evidence names the slow rank and
 what it did while the others waited (its CPU ops and GPU activity in those windows, on the common
 clock).
 
-Both work from small per-rank tables (:func:`collective_table`, one row per NCCL kernel in the
+Both work from small per-rank tables (:func:`gpuprof.collectives.collective_table`, one row per NCCL kernel in the
 profiled steps) gathered into the driver; :func:`plan` decides each rank's share, and the slow
 rank alone is asked for detail (:func:`slow_detail`). Each rank then claims its share among its
 own findings (:class:`CrossCandidate` -> :func:`to_candidate`), so no rank's frames ever leave it.
@@ -42,83 +42,18 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
-from gpuprof.analyzers._base import HOST_NOTE, Candidate, Contribution, Described, RankView, ms, top_names, units_of
+from gpuprof.analyzers._base import HOST_NOTE, ms, top_names
+from gpuprof.claims import Candidate, Contribution, Described, units_of
+from gpuprof.collectives import _covered, match
+from gpuprof.rank import RankView
 
 if TYPE_CHECKING:
-    from gpuprof.ranks import RankPart, RankResult
-
-
-def _covered(intervals: pd.DataFrame, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Length of [a, b) covered by the union of ``intervals`` (ts, end), vectorised."""
-    if intervals.empty:
-        return np.zeros(len(a))
-    iv = intervals.sort_values("ts")
-    s, e = iv["ts"].to_numpy(), np.maximum.accumulate(iv["end"].to_numpy())
-    new = np.r_[True, s[1:] > e[:-1]]
-    ms_, me = s[new], np.r_[e[np.flatnonzero(new)[1:] - 1], e[-1]]
-    cum = np.r_[0.0, np.cumsum(me - ms_)]
-
-    def upto(t: np.ndarray) -> np.ndarray:
-        i = np.searchsorted(ms_, t, side="right") - 1
-        ii = np.maximum(i, 0)
-        inside = np.clip(t - ms_[ii], 0, me[ii] - ms_[ii])
-        return np.where(i >= 0, cum[ii] + inside, 0.0)
-
-    covered: np.ndarray = upto(b) - upto(a)
-    return covered
-
-
-COLLECTIVE_COLUMNS = ["rank", "row", "step", "i", "name", "ts", "dur", "exposed", "abs_ts", "nelems", "collective",
-                      "queued_for"]
-
-
-def collective_table(r: RankResult) -> pd.DataFrame:
-    """One rank's collectives in its profiled steps: step, order within the step, duration, the
-    part not overlapped by compute on its GPU (``exposed``), start on the common clock, and how
-    long before it ended the next GPU work had been queued (``queued_for``)."""
-    t = r.trace
-    k = t.kernels
-    comm = k[k["is_comm"] & (k["step"] >= 0)].sort_values("ts")
-    if comm.empty:
-        return pd.DataFrame(columns=COLLECTIVE_COLUMNS)
-    compute = k[~k["is_comm"]][["ts", "end"]]
-    exposed = comm["dur"].to_numpy() - _covered(compute, comm["ts"].to_numpy(), comm["end"].to_numpy())
-    # How long before the collective ended was the next non-collective GPU work launched?
-    work = pd.concat([k.loc[~k["is_comm"], ["ts", "launch_ts"]], t.memcpys[["ts", "launch_ts"]]]).sort_values("ts")
-    j = np.searchsorted(work["ts"].to_numpy(), comm["end"].to_numpy())
-    nxt = np.where(j < len(work), work["launch_ts"].to_numpy()[np.minimum(j, len(work) - 1)], np.nan)
-    queued_for = np.nan_to_num(comm["end"].to_numpy() - nxt, nan=np.inf)  # no launch record: queued earlier
-    queued_for = np.clip(queued_for, 0.0, None)
-    step_no = t.steps["step"].to_numpy()[comm["step"].to_numpy()]
-    return pd.DataFrame({
-        "rank": t.meta.rank, "row": comm.index, "step": step_no, "i": comm.groupby("step").cumcount().to_numpy(),
-        "name": comm["name"].astype(str).to_numpy(), "ts": comm["ts"].to_numpy(), "dur": comm["dur"].to_numpy(),
-        "exposed": np.maximum(exposed, 0.0), "abs_ts": comm["ts"].to_numpy() + t.meta.t0_epoch_ns / 1000.0,
-        "nelems": comm["in_nelems"].to_numpy(), "collective": comm["collective"].astype(object).to_numpy(),
-        "queued_for": queued_for,
-    })
-
-
-def match(tables: Sequence[pd.DataFrame]) -> pd.DataFrame:
-    """Collectives matched across ranks by step and order within it, kept where every rank has
-    it; the shortest duration is the transfer, the rest of each rank's is waiting."""
-    tables = [t for t in tables if len(t)]
-    if not tables:
-        return pd.DataFrame()
-    c = pd.concat(tables, ignore_index=True)
-    ranks = c["rank"].nunique()
-    c["n"] = c.groupby(["step", "i"])["rank"].transform("size")
-    c = c[c["n"] == ranks].copy()  # matched on every rank
-    c["transfer"] = c.groupby(["step", "i"])["dur"].transform("min")
-    c["wait"] = c["dur"] - c["transfer"]
-    frac = np.where(c["dur"] > 0, c["transfer"] / c["dur"], 1.0)
-    c["exposed_transfer"] = c["exposed"] * frac
-    c["exposed_wait"] = c["exposed"] * (1 - frac)
-    return c
+    from gpuprof.parts import RankPart
+    from gpuprof.rank import RankResult
 
 
 @dataclass(frozen=True)
-class CrossCandidate(Described):  # type: ignore[misc]  # (mypy sees gpuprof.analyzers as Any)
+class CrossCandidate(Described):
     """A cross-rank finding's share on one rank, decided from all ranks' collective tables."""
 
     priority_ms: float  # the finding's saving per step for the job: its claim order on every rank
@@ -148,101 +83,14 @@ def to_candidate(cc: CrossCandidate, v: RankView) -> Candidate:
 SlowDetail = Callable[[int, pd.DataFrame, int], dict[str, Any]]
 
 
-#: Cross-rank categories whose estimate is the job's replay (gpuprof.replay.ranks) when the trace
-#: has two or more ranks: on the real pairs (docs/replay.md, "Cross-rank") the replayed saving was
-#: at least as close to the realised one as this module's arithmetic (rank_imbalance since the
-#: slow rank's extra stretches became a typical gap: ddp_slow_rank 40.71 ms replayed, -10 %, against
-#: the arithmetic's 50.61, +12 %, realised 45.35). With one rank the arithmetic stays: a
-#: collective's kernel time there mixes its transfer with waiting for ranks not in the trace,
-#: which only its clip (the time GPU work was queued behind it) bounds.
-REPLAY_USED = frozenset({"exposed_communication", "rank_imbalance"})
-#: Why a cross-rank category keeps its own estimate although its fix is replayed (none today).
-REPLAY_NOT_USED: dict[str, str] = {}
-
-#: The job's replayed step (the slowest rank's, ms) before and after each named category's fix
-#: (:func:`gpuprof.replay.ranks.fix_steps`), computed on demand; None: not available.
-JobReplay = Callable[[Sequence[str]], "dict[str, list[float]] | None"]
-
-
 def plan(parts: Sequence[RankPart], detail: SlowDetail, active: Sequence[str] = ("exposed_communication",
-                                                                                    "rank_imbalance"),
-         replay: JobReplay | None = None) -> dict[int, list[CrossCandidate]]:
-    """Each rank's share of the cross-rank findings named in ``active``. ``detail(slow, waits,
-    waiting)`` runs :func:`slow_detail` on the slow rank, wherever that rank can be loaded.
-    ``replay(categories)``, when given, replays the job across ranks before and after each
-    finding's fix (evidence ``replay_before_ms``/``replay_after_ms``: the slowest rank's step);
-    for the categories of ``REPLAY_USED`` that replayed saving is the estimate
-    (:func:`replayed_share`)."""
-    out = _plan(parts, detail, active)
-    if replay is not None and out and len(parts) > 1:
-        events = sum(p.meta.events for p in parts)
-        if events <= JOB_REPLAY_MAX_EVENTS:
-            _replay(out, replay)
-        else:
-            for cc in {id(cc): cc for ccs in out.values() for cc in ccs}.values():
-                cc.evidence["replay_not_used"] = (f"the job's {events:,} trace events are more than the cross-rank "
-                                                  f"replay builds in one process ({JOB_REPLAY_MAX_EVENTS:,})")
-    return out
-
-
-#: The most trace events (all ranks) whose job graph the cross-rank replay builds in the driver:
-#: a graph node is ~200 bytes and a trace has ~3 nodes per 14 events (ddp_good, gpt_bf16), so
-#: ~1 GB at this size; 8 ranks of 100k kernels are ~11M events. Above it the cross-rank findings
-#: keep their own estimates, saying why.
-JOB_REPLAY_MAX_EVENTS = 20_000_000
-
-
-def _replay(out: dict[int, list[CrossCandidate]], replay: JobReplay) -> None:
-    from dataclasses import replace
-
-    from gpuprof.errors import GpuprofError
-
-    found = {cc.category: cc for ccs in out.values() for cc in ccs}
-    try:
-        got = replay(sorted(found))
-    except GpuprofError:
-        return
-    if got is None:
-        return
-    saving: dict[str, float] = {}
-    for category, cc in found.items():
-        before, after = got[category]
-        if not (np.isfinite(before) and np.isfinite(after)):
-            continue
-        # one evidence dict is shared by the finding's shares on every rank
-        cc.evidence.update(replay_before_ms=round(before, 4), replay_after_ms=round(after, 4))
-        if category in REPLAY_USED:
-            cc.evidence["estimate"] = "replay"
-            saving[category] = max(before - after, 0.0)
-        else:
-            cc.evidence["replay_not_used"] = REPLAY_NOT_USED.get(category, "")
-    # Claim order: the replayed saving for the job, except where the finding takes the slow ranks'
-    # idle gaps inside the others' waits as the same lost time (``CLAIMS_BY_OWN``): there the
-    # per-rank host findings (input_pipeline, host_work) claim those gaps by their own sum of claims,
-    # and so does this one, by the waits; else a replay a little below that sum hands the slow
-    # rank's busy stretch to a per-rank finding that prices the same time again (ddp_slow_rank:
-    # input_pipeline 40.76 ms beside rank_imbalance's 40.71).
-    for rank, ccs in out.items():
-        out[rank] = [replace(cc, priority_ms=saving[cc.category])
-                     if cc.category in saving and cc.category not in CLAIMS_BY_OWN else cc for cc in ccs]
-
-
-#: Cross-rank categories that claim by their own arithmetic even where replay is the estimate (see
-#: :func:`_replay`).
-CLAIMS_BY_OWN = frozenset({"rank_imbalance"})
-
-
-def replayed_share(c: Contribution, n_steps: int) -> Contribution:
-    """A cross-rank finding's share on one rank with the job's replayed saving (evidence
-    ``replay_before_ms − replay_after_ms`` per step) as what it keeps, where replay is its
-    estimate; otherwise as it is."""
-    ev = c.evidence
-    if c.category not in REPLAY_USED or ev.get("estimate") != "replay" or not c.units:
-        return c
-    from dataclasses import replace
-
-    saving_ms = max(float(ev["replay_before_ms"]) - float(ev["replay_after_ms"]), 0.0)
-    return replace(c, kept_us=saving_ms * 1000.0 * n_steps)
+                                                                                    "rank_imbalance")
+         ) -> dict[int, list[CrossCandidate]]:
+    """Each rank's share of the cross-rank findings named in ``active``, by this module's own
+    arithmetic (the job's replay then prices them: :func:`gpuprof.pricing.price_cross`).
+    ``detail(slow, waits, waiting)`` runs :func:`slow_detail` on the slow rank, wherever that rank
+    can be loaded."""
+    return _plan(parts, detail, active)
 
 
 def _plan(parts: Sequence[RankPart], detail: SlowDetail, active: Sequence[str]) -> dict[int, list[CrossCandidate]]:
@@ -403,7 +251,7 @@ SLOW_SHARE = 0.1  # a rank waiting less than this share of the way from the slow
 def slow_detail(r: RankResult, waits: pd.DataFrame, waiting: int) -> dict[str, Any]:
     """On the slow rank: its recorded host events inside each wait window (rows of ``waits``:
     abs_ts, wait), and what it did while ``waiting`` waited."""
-    from gpuprof.ranks import event_cost_us
+    from gpuprof.hostcost import event_cost_us
 
     t = r.trace
     out: dict[str, Any] = {}

@@ -29,24 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from gpuprof.analyzers._base import (
-    HOST_NOTE,
-    HOST_WORK_MIN_US,
-    SYNC_CALLS,
-    Candidate,
-    RankView,
-    gap_units,
-    graph_capture_calls,
-    in_graph,
-    ms,
-    name_mask,
-    outermost_aten,
-    python_frames,
-    views,
-)
+from gpuprof.analyzers._base import HOST_NOTE, ms
+from gpuprof.idle import HOST_WORK_MIN_US, graph_capture_calls, in_graph, name_mask, outermost_aten, python_frames
+from gpuprof.trace.names import SYNC_CALLS
+from gpuprof.claims import Candidate, gap_units
+from gpuprof.rank import RankView
 
-if TYPE_CHECKING:
-    from gpuprof.api import Analysis
 
 
 def _gaps(v: RankView, cause: str) -> pd.DataFrame:
@@ -75,32 +63,30 @@ def _name(frame: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     return out
 
 
-def input_pipeline(analysis: Analysis) -> list[Candidate]:
-    out = []
-    for v in views(analysis):
-        g = _gaps(v, "input")
-        if g.empty:
-            continue
-        ev = _common(v, g)
-        loads = v.trace.memcpys[v.trace.memcpys["kind"] == "HtoD"]
-        ev["host_to_device_mb_per_step"] = round(float(loads["bytes"].sum()) / 1e6 / v.n_steps, 1)
-        # The recommendation also pins the batch and copies it non_blocking; that part is not in
-        # this estimate: a pageable batch copy is pageable_memcpy's (vision_inline -> workers
-        # realised both, 73.7 ms, where these gaps replay to 58.9 and the copy to 9.8; the TB
-        # plugin's num_workers=4 twins kept their pageable copies)
-        ev["estimate"] = ("idle gaps while the DataLoader ran in the training process: its host work up to the "
-                          "launch that ended each gap; the batch's copy to the GPU is not in it (a pageable "
-                          "one is the pageable_memcpy finding's), nor host work outside the DataLoader span")
-        out.append(Candidate(
-            id="GP-INPUT-001", category="input_pipeline",
-            title=f"The GPU waits for the next batch: {ms(g['dur'].sum()) / v.n_steps:.1f} ms idle per step "
-                  "while the DataLoader runs in the training process",
-            confidence=v.host_confidence("high"),
-            recommendation="Load and augment batches off the critical path: `DataLoader(..., num_workers=N "
-                           "(start with the CPU cores per GPU), pin_memory=True, persistent_workers=True, "
-                           "prefetch_factor=2..4)`, move heavy preprocessing offline or to the GPU, and copy "
-                           "with `.to('cuda', non_blocking=True)`.",
-            units=gap_units(v.rank, g, g["real_dur"]), evidence=ev))
+def input_pipeline(v: RankView) -> list[Candidate]:
+    out: list[Candidate] = []
+    g = _gaps(v, "input")
+    if g.empty:
+        return out
+    ev = _common(v, g)
+    loads = v.trace.memcpys[v.trace.memcpys["kind"] == "HtoD"]
+    ev["host_to_device_mb_per_step"] = round(float(loads["bytes"].sum()) / 1e6 / v.n_steps, 1)
+    # The recommendation also pins the batch and copies it non_blocking; that part is not in
+    # this estimate: a pageable batch copy is pageable_memcpy's finding, priced apart (a program
+    # can move its loading to workers and keep pageable copies; docs/replay.md)
+    ev["estimate"] = ("idle gaps while the DataLoader ran in the training process: its host work up to the "
+                      "launch that ended each gap; the batch's copy to the GPU is not in it (a pageable "
+                      "one is the pageable_memcpy finding's), nor host work outside the DataLoader span")
+    out.append(Candidate(
+        id="GP-INPUT-001", category="input_pipeline",
+        title=f"The GPU waits for the next batch: {ms(g['dur'].sum()) / v.n_steps:.1f} ms idle per step "
+              "while the DataLoader runs in the training process",
+        confidence=v.host_confidence("high"),
+        recommendation="Load and augment batches off the critical path: `DataLoader(..., num_workers=N "
+                       "(start with the CPU cores per GPU), pin_memory=True, persistent_workers=True, "
+                       "prefetch_factor=2..4)`, move heavy preprocessing offline or to the GPU, and copy "
+                       "with `.to('cuda', non_blocking=True)`.",
+        units=gap_units(v.rank, g, g["real_dur"]), evidence=ev))
     return out
 
 
@@ -114,60 +100,59 @@ def _covering_annotation(v: RankView, start: float, end: float) -> str | None:
     return str(a.sort_values("dur")["name"].iloc[0]) if len(a) else None
 
 
-def host_work(analysis: Analysis) -> list[Candidate]:
+def host_work(v: RankView) -> list[Candidate]:
     """Idle while the main thread runs Python or CPU-only ops outside every op that drives the GPU."""
-    out = []
-    for v in views(analysis):
-        g = _gaps(v, "host_work")
-        if g.empty:
-            continue
-        ops = v.trace.ops
-        prev, nxt = _name(ops, g["prev_op"].to_numpy()), _name(ops, g["next_op"].to_numpy())
-        where = pd.DataFrame({"after": pd.Series(prev, dtype=object).fillna("(step start)").to_numpy(),
-                              "before": pd.Series(nxt, dtype=object).fillna("(trace end)").to_numpy(),
-                              "us": g["longest_us"].to_numpy(), "start": g["hole_start"].to_numpy(),
-                              "end": g["hole_end"].to_numpy()})
-        by = where.groupby(["after", "before"], sort=False).agg(us=("us", "sum"), n=("us", "size"),
-                                                                 start=("start", "first"), end=("end", "first"))
-        by = by.sort_values("us", ascending=False).head(5)
-        # Python frames at the middle of each stretch, on the thread that launched what ended it
-        lo = np.maximum(by["start"].to_numpy(dtype=float), g["start"].min())
-        hi = np.minimum(by["end"].to_numpy(dtype=float), g["end"].max())
-        tids, counts = np.unique(g["launch_tid"].to_numpy(dtype=np.int64), return_counts=True)
-        tid = np.full(len(by), int(tids[counts.argmax()]))  # thread ids are large numbers: no bincount
-        frames = python_frames(v.trace, tid, (lo + hi) / 2, outer=3)
-        py_names = v.trace.python["name"].astype(object).to_numpy()
-        stretches = []
-        keys = list(by.index)
-        us_, n_ = by["us"].to_numpy(dtype=float), by["n"].to_numpy(dtype=np.int64)
-        for i in range(len(by)):  # the few distinct stretches, not events
-            after, before = keys[i]
-            span = _covering_annotation(v, float(lo[i]), float(hi[i]))
-            stack = [str(py_names[f]) for f in frames[i] if f >= 0]
-            stretches.append({"after_op": str(after), "before_op": str(before),
-                              "ms_per_step": round(ms(float(us_[i])) / v.n_steps, 3), "times": int(n_[i]),
-                              "inside_annotation": span, "python_frames": stack})
-        top = stretches[0]
-        what = f"`{top['inside_annotation']}`" if top["inside_annotation"] else \
-            f"between `{top['after_op']}` and `{top['before_op']}`"
-        if top["python_frames"]:
-            what += f" in `{top['python_frames'][0]}`"
-        ev = _common(v, g)
-        ev["stretches"] = stretches
-        ev["host_ms_per_step_outside_gpu_ops"] = round(ms(g["outside_us"].sum()) / v.n_steps, 3)
-        ev["estimate"] = ("idle gaps the launching thread spent outside every op that drives the GPU (user "
-                          "Python, CPU-only ops), in one stretch of at least 1 ms; host time inside ops is "
-                          "dispatch and counts as launch overhead")
-        out.append(Candidate(
-            id="GP-INPUT-002", category="input_pipeline",
-            title=f"The GPU waits for host work on the main thread: {ms(g['dur'].sum()) / v.n_steps:.1f} ms idle "
-                  f"per step outside any GPU op ({what})",
-            confidence=v.host_confidence("high"),
-            recommendation=f"Take the Python work {what} off the training loop: tokenise, decode and augment in "
-                           "`DataLoader(..., num_workers=N, pin_memory=True)` workers (or offline), run image/video "
-                           "processors on the GPU or in the dataset, and move logging/metrics to every N steps or "
-                           "a background thread; the GPU then runs while the next batch is prepared.",
-            units=gap_units(v.rank, g, g["real_dur"]), evidence=ev))
+    out: list[Candidate] = []
+    g = _gaps(v, "host_work")
+    if g.empty:
+        return out
+    ops = v.trace.ops
+    prev, nxt = _name(ops, g["prev_op"].to_numpy()), _name(ops, g["next_op"].to_numpy())
+    where = pd.DataFrame({"after": pd.Series(prev, dtype=object).fillna("(step start)").to_numpy(),
+                          "before": pd.Series(nxt, dtype=object).fillna("(trace end)").to_numpy(),
+                          "us": g["longest_us"].to_numpy(), "start": g["hole_start"].to_numpy(),
+                          "end": g["hole_end"].to_numpy()})
+    by = where.groupby(["after", "before"], sort=False).agg(us=("us", "sum"), n=("us", "size"),
+                                                             start=("start", "first"), end=("end", "first"))
+    by = by.sort_values("us", ascending=False).head(5)
+    # Python frames at the middle of each stretch, on the thread that launched what ended it
+    lo = np.maximum(by["start"].to_numpy(dtype=float), g["start"].min())
+    hi = np.minimum(by["end"].to_numpy(dtype=float), g["end"].max())
+    tids, counts = np.unique(g["launch_tid"].to_numpy(dtype=np.int64), return_counts=True)
+    tid = np.full(len(by), int(tids[counts.argmax()]))  # thread ids are large numbers: no bincount
+    frames = python_frames(v.trace, tid, (lo + hi) / 2, outer=3)
+    py_names = v.trace.python["name"].astype(object).to_numpy()
+    stretches = []
+    keys = list(by.index)
+    us_, n_ = by["us"].to_numpy(dtype=float), by["n"].to_numpy(dtype=np.int64)
+    for i in range(len(by)):  # the few distinct stretches, not events
+        after, before = keys[i]
+        span = _covering_annotation(v, float(lo[i]), float(hi[i]))
+        stack = [str(py_names[f]) for f in frames[i] if f >= 0]
+        stretches.append({"after_op": str(after), "before_op": str(before),
+                          "ms_per_step": round(ms(float(us_[i])) / v.n_steps, 3), "times": int(n_[i]),
+                          "inside_annotation": span, "python_frames": stack})
+    top = stretches[0]
+    what = f"`{top['inside_annotation']}`" if top["inside_annotation"] else \
+        f"between `{top['after_op']}` and `{top['before_op']}`"
+    if top["python_frames"]:
+        what += f" in `{top['python_frames'][0]}`"
+    ev = _common(v, g)
+    ev["stretches"] = stretches
+    ev["host_ms_per_step_outside_gpu_ops"] = round(ms(g["outside_us"].sum()) / v.n_steps, 3)
+    ev["estimate"] = ("idle gaps the launching thread spent outside every op that drives the GPU (user "
+                      "Python, CPU-only ops), in one stretch of at least 1 ms; host time inside ops is "
+                      "dispatch and counts as launch overhead")
+    out.append(Candidate(
+        id="GP-INPUT-002", category="input_pipeline",
+        title=f"The GPU waits for host work on the main thread: {ms(g['dur'].sum()) / v.n_steps:.1f} ms idle "
+              f"per step outside any GPU op ({what})",
+        confidence=v.host_confidence("high"),
+        recommendation=f"Take the Python work {what} off the training loop: tokenise, decode and augment in "
+                       "`DataLoader(..., num_workers=N, pin_memory=True)` workers (or offline), run image/video "
+                       "processors on the GPU or in the dataset, and move logging/metrics to every N steps or "
+                       "a background thread; the GPU then runs while the next batch is prepared.",
+        units=gap_units(v.rank, g, g["real_dur"]), evidence=ev))
     return out
 
 
@@ -206,58 +191,57 @@ def step_tails(v: RankView) -> pd.DataFrame:
                          "dur": excess[long], "events": n[long], "real_dur": real[long]})
 
 
-def host_stall(analysis: Analysis) -> list[Candidate]:
+def host_stall(v: RankView) -> list[Candidate]:
     """One long idle gap inside one op or runtime call: named, with its duration."""
-    out = []
-    for v in views(analysis):
-        g = _gaps(v, "stall")
-        tails = step_tails(v)
-        if g.empty and tails.empty:
-            continue
-        if g.empty:  # only a step-end stall: the frame may lack the classified columns
-            g = pd.DataFrame(columns=["step", "dur", "real_dur"], dtype=float)
-        t = v.trace
-        rows = _stall_rows(v, g)
-        if len(tails):
-            tid = np.full(len(tails), _main_tid(v), dtype=np.int64)
-            tf = python_frames(t, tid, ((tails["start"] + tails["end"]) / 2).to_numpy(dtype=float))
-            after_step = pd.DataFrame({
-                "step": tails["step"].to_numpy(), "ms": tails["dur"].to_numpy(dtype=float) / 1000.0, "op": None,
-                "call": None, "call_ms": 0.0,
-                "python": [f"Python{' in `' + str(f) + '`' if f else ''} after the step's last GPU work, before the "
-                           "next step starts" for f in tf]})
-            rows = after_step if rows.empty else pd.concat([rows, after_step], ignore_index=True)
-        rows = rows.sort_values("ms", ascending=False)
-        worst = rows.iloc[0]
-        per_step = rows.groupby("step")["ms"].agg(["sum", "size"]).sort_values("sum", ascending=False)
-        w_step, w_ms, w_n = int(per_step.index[0]), float(per_step["sum"].iloc[0]), int(per_step["size"].iloc[0])
-        worst = rows[rows["step"] == w_step].iloc[0]
-        named = " / ".join(f"`{x}`" for x in (worst["op"], worst["call"]) if x) or str(worst["python"])
-        blocking = any(x and (x in SYNC_CALLS or "copy" in str(x).lower() or "Memcpy" in str(x))
-                       for x in (worst["op"], worst["call"]))
-        fix = ("It is a blocking copy: copy from pinned memory with `non_blocking=True`, or move the copy "
-               "(and what waits for it) out of the step. " if blocking else "")
-        ev = _common(v, g)
-        ev["stalls"] = [{"step": int(r["step"]), "ms": round(float(r["ms"]), 3), "op": r["op"], "call": r["call"],
-                         "call_ms": round(float(r["call_ms"]), 3), "outside_ops": r["python"]}
-                        for _, r in rows.head(5).iterrows()]
-        ev["estimate"] = "the stalled gaps themselves: without the stall the GPU would not wait"
-        if len(tails):
-            ev["after_step_ms"] = {int(st): round(ms(float(d)), 3) for st, d in zip(tails["step"], tails["real_dur"])}
-            ev["estimate"] += ("; and the host's one-off work after the step's last GPU work, beyond the least any "
-                               "step boundary takes")
-        out.append(Candidate(
-            id="GP-STALL-001", category="host_stall",
-            title=f"A {w_ms:.1f} ms host stall in step {w_step}: the GPU waits while the host is in {named}"
-                  + (f" ({w_n} gaps)" if w_n > 1 else "")
-                  + (f"; {len(per_step)} steps stall" if len(per_step) > 1 else ""),
-            confidence=v.host_confidence("high"),
-            recommendation=fix + "Move one-off host work out of the timed steps: save checkpoints asynchronously "
-                                 "(`torch.distributed.checkpoint.async_save`) or less often, drop pauses and waits on "
-                                 "locks/queues from the loop, and profile steady-state steps.",
-            units={**gap_units(v.rank, g, g["real_dur"]),
-                   **{("tail", v.rank, int(st)): float(d) for st, d in zip(tails["step"], tails["real_dur"]) if d > 0}},
-            evidence=ev))
+    out: list[Candidate] = []
+    g = _gaps(v, "stall")
+    tails = step_tails(v)
+    if g.empty and tails.empty:
+        return out
+    if g.empty:  # only a step-end stall: the frame may lack the classified columns
+        g = pd.DataFrame(columns=["step", "dur", "real_dur"], dtype=float)
+    t = v.trace
+    rows = _stall_rows(v, g)
+    if len(tails):
+        tid = np.full(len(tails), _main_tid(v), dtype=np.int64)
+        tf = python_frames(t, tid, ((tails["start"] + tails["end"]) / 2).to_numpy(dtype=float))
+        after_step = pd.DataFrame({
+            "step": tails["step"].to_numpy(), "ms": tails["dur"].to_numpy(dtype=float) / 1000.0, "op": None,
+            "call": None, "call_ms": 0.0,
+            "python": [f"Python{' in `' + str(f) + '`' if f else ''} after the step's last GPU work, before the "
+                       "next step starts" for f in tf]})
+        rows = after_step if rows.empty else pd.concat([rows, after_step], ignore_index=True)
+    rows = rows.sort_values("ms", ascending=False)
+    worst = rows.iloc[0]
+    per_step = rows.groupby("step")["ms"].agg(["sum", "size"]).sort_values("sum", ascending=False)
+    w_step, w_ms, w_n = int(per_step.index[0]), float(per_step["sum"].iloc[0]), int(per_step["size"].iloc[0])
+    worst = rows[rows["step"] == w_step].iloc[0]
+    named = " / ".join(f"`{x}`" for x in (worst["op"], worst["call"]) if x) or str(worst["python"])
+    blocking = any(x and (x in SYNC_CALLS or "copy" in str(x).lower() or "Memcpy" in str(x))
+                   for x in (worst["op"], worst["call"]))
+    fix = ("It is a blocking copy: copy from pinned memory with `non_blocking=True`, or move the copy "
+           "(and what waits for it) out of the step. " if blocking else "")
+    ev = _common(v, g)
+    ev["stalls"] = [{"step": int(r["step"]), "ms": round(float(r["ms"]), 3), "op": r["op"], "call": r["call"],
+                     "call_ms": round(float(r["call_ms"]), 3), "outside_ops": r["python"]}
+                    for _, r in rows.head(5).iterrows()]
+    ev["estimate"] = "the stalled gaps themselves: without the stall the GPU would not wait"
+    if len(tails):
+        ev["after_step_ms"] = {int(st): round(ms(float(d)), 3) for st, d in zip(tails["step"], tails["real_dur"])}
+        ev["estimate"] += ("; and the host's one-off work after the step's last GPU work, beyond the least any "
+                           "step boundary takes")
+    out.append(Candidate(
+        id="GP-STALL-001", category="host_stall",
+        title=f"A {w_ms:.1f} ms host stall in step {w_step}: the GPU waits while the host is in {named}"
+              + (f" ({w_n} gaps)" if w_n > 1 else "")
+              + (f"; {len(per_step)} steps stall" if len(per_step) > 1 else ""),
+        confidence=v.host_confidence("high"),
+        recommendation=fix + "Move one-off host work out of the timed steps: save checkpoints asynchronously "
+                             "(`torch.distributed.checkpoint.async_save`) or less often, drop pauses and waits on "
+                             "locks/queues from the loop, and profile steady-state steps.",
+        units={**gap_units(v.rank, g, g["real_dur"]),
+               **{("tail", v.rank, int(st)): float(d) for st, d in zip(tails["step"], tails["real_dur"]) if d > 0}},
+        evidence=ev))
     return out
 
 
@@ -305,33 +289,32 @@ def _syncing_ops(v: RankView, rt: pd.DataFrame) -> pd.Series:
     return pd.Series(_name(ops, rows), dtype=object).value_counts()
 
 
-def host_sync(analysis: Analysis) -> list[Candidate]:
-    out = []
-    for v in views(analysis):
-        g = _gaps(v, "sync")
-        if g.empty:
-            continue
-        t = v.trace
-        rt = t.runtime[name_mask(t.runtime["name"], among=SYNC_CALLS) & (t.runtime["step"] >= 0).to_numpy()]
-        ev = _common(v, g)
-        ev["sync_calls_per_step"] = round(len(rt) / v.n_steps, 1)
-        ev["syncing_ops"] = {str(k): int(n) for k, n in _syncing_ops(v, rt).head(6).items()}
-        ev["sync_apis"] = {str(k): int(n) for k, n in rt["name"].astype(object).value_counts().items()}
-        sites = pd.Series(python_frames(t, rt["tid"].to_numpy(), rt["ts"].to_numpy()), dtype=object).value_counts()
-        ev["call_sites"] = {str(k): int(n) for k, n in sites.head(6).items()}  # with_stack traces only
-        top = next(iter(ev["syncing_ops"]), "a synchronising call")
-        if ev["call_sites"]:
-            top = f"{top} at {next(iter(ev['call_sites']))}"
-        out.append(Candidate(
-            id="GP-SYNC-001", category="host_sync",
-            title=f"{_per_step(len(rt), v.n_steps)} ({top}) drain{'s' if len(rt) == 1 else ''} the GPU queue",
-            confidence=v.host_confidence("high"),
-            recommendation=f"Remove the per-step synchronisation ({top}): keep values on the GPU (accumulate "
-                           "metrics as tensors and call `.item()` once every N steps), avoid data-dependent "
-                           "shapes (`nonzero`, boolean indexing) in the step, and drop explicit "
-                           "`torch.cuda.synchronize()`."
-                           + ("" if ev["call_sites"] else " With `with_stack=True` the trace names the call site."),
-            units=gap_units(v.rank, g, g["real_dur"]), evidence=ev))
+def host_sync(v: RankView) -> list[Candidate]:
+    out: list[Candidate] = []
+    g = _gaps(v, "sync")
+    if g.empty:
+        return out
+    t = v.trace
+    rt = t.runtime[name_mask(t.runtime["name"], among=SYNC_CALLS) & (t.runtime["step"] >= 0).to_numpy()]
+    ev = _common(v, g)
+    ev["sync_calls_per_step"] = round(len(rt) / v.n_steps, 1)
+    ev["syncing_ops"] = {str(k): int(n) for k, n in _syncing_ops(v, rt).head(6).items()}
+    ev["sync_apis"] = {str(k): int(n) for k, n in rt["name"].astype(object).value_counts().items()}
+    sites = pd.Series(python_frames(t, rt["tid"].to_numpy(), rt["ts"].to_numpy()), dtype=object).value_counts()
+    ev["call_sites"] = {str(k): int(n) for k, n in sites.head(6).items()}  # with_stack traces only
+    top = next(iter(ev["syncing_ops"]), "a synchronising call")
+    if ev["call_sites"]:
+        top = f"{top} at {next(iter(ev['call_sites']))}"
+    out.append(Candidate(
+        id="GP-SYNC-001", category="host_sync",
+        title=f"{_per_step(len(rt), v.n_steps)} ({top}) drain{'s' if len(rt) == 1 else ''} the GPU queue",
+        confidence=v.host_confidence("high"),
+        recommendation=f"Remove the per-step synchronisation ({top}): keep values on the GPU (accumulate "
+                       "metrics as tensors and call `.item()` once every N steps), avoid data-dependent "
+                       "shapes (`nonzero`, boolean indexing) in the step, and drop explicit "
+                       "`torch.cuda.synchronize()`."
+                       + ("" if ev["call_sites"] else " With `with_stack=True` the trace names the call site."),
+        units=gap_units(v.rank, g, g["real_dur"]), evidence=ev))
     return out
 
 
@@ -343,74 +326,73 @@ def _per_step(n: int, steps: int) -> str:
     return f"{n} host sync{'s' if n > 1 else ''} in {steps} steps"
 
 
-def launch_overhead(analysis: Analysis) -> list[Candidate]:
-    out = []
-    for v in views(analysis):
-        captures = graph_capture_calls(v.trace)
-        k = v.kernels
-        if captures:
-            # Capture and warm-up run every kernel eagerly (and slowly) once: the gaps say nothing
-            # about the replayed steady state, so no saving is claimed from them.
-            out.append(Candidate(
-                id="GP-LAUNCH-002", category="launch_overhead",
-                title=f"The trace records CUDA-graph capture ({captures} capture calls), not steady-state steps",
-                confidence="high",
-                recommendation="Profile after capture and warm-up: start the profiler's schedule (`wait=`, "
-                               "`warmup=`) past the graph capture so the trace holds replayed steps; launch "
-                               "overhead measured during capture does not apply to graph replay.",
-                units={}, evidence={"rank": v.rank, "graph_capture_calls": captures}, informational=True))
-            continue
-        g = _gaps(v, "launch")
-        if g.empty:
-            continue
-        graphed = in_graph(k)
-        share = float(graphed.mean()) if len(k) else 0.0
-        ev = _common(v, g)
-        ev["kernels_per_step"] = round(len(k) / v.n_steps, 1)
-        ev["median_kernel_us"] = round(float(k["dur"].median()), 2) if len(k) else None
-        ev["kernels_in_graph_replay_pct"] = round(100 * share, 1)
-        if share >= 0.5:
-            # The step already replays as a graph: what is left is host time between replays.
-            ev["estimate"] = "idle gaps where the next work was launched after the GPU ran dry, between graph replays"
-            title = (f"The host falls behind between CUDA-graph replays: {ms(g['dur'].sum()) / v.n_steps:.1f} ms idle "
-                     f"per step ({100 * share:.0f}% of kernels already run as graph replay)")
-            fix = ("The step already runs as CUDA-graph replay, so graphs will not help further: cut the host work "
-                   "between replays (input preparation, sampling, scheduling), overlap it with the GPU (prepare "
-                   "step N+1 while step N replays), or capture larger pieces per replay.")
-        else:
-            ev["estimate"] = "idle gaps where the next kernel was launched after the GPU ran dry; CUDA graphs " \
-                             "would remove them (upper bound: graphs keep ~1 us between kernels)"
-            title = (f"The host launches too slowly: {ev['kernels_per_step']:.0f} kernels per step of median "
-                     f"{ev['median_kernel_us']} µs leave the GPU idle between launches")
-            fix = ("Cut launches: capture the step in a CUDA graph (`torch.compile(model, "
-                   "mode='reduce-overhead')` or `torch.cuda.graphs`), fuse small ops with "
-                   "`torch.compile`, use fused optimizers, or give each kernel more work (larger batch).")
-        units = gap_units(v.rank, g, g["real_dur"])
-        # Launch-bound: the host's launch cost per kernel (its runtime calls and the Python and
-        # dispatch between them), not the GPU, sets the step. The saving is the replay of the
-        # step with that host work gone from the launch gaps (gpuprof.replay.fixes).
-        idle_real = max(0.0, v.real_step_us - v.busy_us)
-        launch_real = float(g["real_dur"].sum()) / v.n_steps
-        bound = share < 0.5 and v.busy_us < 0.5 * v.real_step_us and launch_real >= 0.5 * idle_real
-        if bound:
-            ev["host_us_per_kernel"] = round(v.real_step_us / max(ev["kernels_per_step"], 1), 2)
-            ev["gpu_busy_ms_per_step"] = round(ms(v.busy_us), 3)
-            ev["estimate"] = "launch-bound: a CUDA graph replays the step at the GPU's own time"
-        decode = _decode_tokens(v)
-        if bound and decode is not None:
-            title = (f"Decode is bound by the host: the GPU is busy {100 * v.busy_us / v.real_step_us:.0f}% of the "
-                     f"step; {ev['kernels_per_step']:.0f} tiny kernels per step (median {ev['median_kernel_us']} µs, "
-                     f"{decode} row(s) per GEMM) wait for the Python generate loop to launch them")
-            fix = ("Take the host out of the decode loop: use a static KV cache and compile the decode step with "
-                   "CUDA graphs (`model.generation_config.cache_implementation = 'static'` with "
-                   "`torch.compile(model.forward, mode='reduce-overhead')`, or `torch.cuda.graphs`), or serve with "
-                   "an engine that replays graphs (vLLM, SGLang, TensorRT-LLM); batch more sequences per step, "
-                   "which costs the GPU almost nothing while the host bounds it.")
-            ev["rows_per_gemm"] = decode
+def launch_overhead(v: RankView) -> list[Candidate]:
+    out: list[Candidate] = []
+    captures = graph_capture_calls(v.trace)
+    k = v.kernels
+    if captures:
+        # Capture and warm-up run every kernel eagerly (and slowly) once: the gaps say nothing
+        # about the replayed steady state, so no saving is claimed from them.
         out.append(Candidate(
-            id="GP-LAUNCH-001", category="launch_overhead", title=title,
-            confidence=v.host_confidence("medium"), recommendation=fix,
-            units=units, evidence=ev, generic=not bound))
+            id="GP-LAUNCH-002", category="launch_overhead",
+            title=f"The trace records CUDA-graph capture ({captures} capture calls), not steady-state steps",
+            confidence="high",
+            recommendation="Profile after capture and warm-up: start the profiler's schedule (`wait=`, "
+                           "`warmup=`) past the graph capture so the trace holds replayed steps; launch "
+                           "overhead measured during capture does not apply to graph replay.",
+            units={}, evidence={"rank": v.rank, "graph_capture_calls": captures}, informational=True))
+        return out
+    g = _gaps(v, "launch")
+    if g.empty:
+        return out
+    graphed = in_graph(k)
+    share = float(graphed.mean()) if len(k) else 0.0
+    ev = _common(v, g)
+    ev["kernels_per_step"] = round(len(k) / v.n_steps, 1)
+    ev["median_kernel_us"] = round(float(k["dur"].median()), 2) if len(k) else None
+    ev["kernels_in_graph_replay_pct"] = round(100 * share, 1)
+    if share >= 0.5:
+        # The step already replays as a graph: what is left is host time between replays.
+        ev["estimate"] = "idle gaps where the next work was launched after the GPU ran dry, between graph replays"
+        title = (f"The host falls behind between CUDA-graph replays: {ms(g['dur'].sum()) / v.n_steps:.1f} ms idle "
+                 f"per step ({100 * share:.0f}% of kernels already run as graph replay)")
+        fix = ("The step already runs as CUDA-graph replay, so graphs will not help further: cut the host work "
+               "between replays (input preparation, sampling, scheduling), overlap it with the GPU (prepare "
+               "step N+1 while step N replays), or capture larger pieces per replay.")
+    else:
+        ev["estimate"] = "idle gaps where the next kernel was launched after the GPU ran dry; CUDA graphs " \
+                         "would remove them (upper bound: graphs keep ~1 us between kernels)"
+        title = (f"The host launches too slowly: {ev['kernels_per_step']:.0f} kernels per step of median "
+                 f"{ev['median_kernel_us']} µs leave the GPU idle between launches")
+        fix = ("Cut launches: capture the step in a CUDA graph (`torch.compile(model, "
+               "mode='reduce-overhead')` or `torch.cuda.graphs`), fuse small ops with "
+               "`torch.compile`, use fused optimizers, or give each kernel more work (larger batch).")
+    units = gap_units(v.rank, g, g["real_dur"])
+    # Launch-bound: the host's launch cost per kernel (its runtime calls and the Python and
+    # dispatch between them), not the GPU, sets the step. The saving is the replay of the
+    # step with that host work gone from the launch gaps (gpuprof.replay.fixes).
+    idle_real = max(0.0, v.real_step_us - v.busy_us)
+    launch_real = float(g["real_dur"].sum()) / v.n_steps
+    bound = share < 0.5 and v.busy_us < 0.5 * v.real_step_us and launch_real >= 0.5 * idle_real
+    if bound:
+        ev["host_us_per_kernel"] = round(v.real_step_us / max(ev["kernels_per_step"], 1), 2)
+        ev["gpu_busy_ms_per_step"] = round(ms(v.busy_us), 3)
+        ev["estimate"] = "launch-bound: a CUDA graph replays the step at the GPU's own time"
+    decode = _decode_tokens(v)
+    if bound and decode is not None:
+        title = (f"Decode is bound by the host: the GPU is busy {100 * v.busy_us / v.real_step_us:.0f}% of the "
+                 f"step; {ev['kernels_per_step']:.0f} tiny kernels per step (median {ev['median_kernel_us']} µs, "
+                 f"{decode} row(s) per GEMM) wait for the Python generate loop to launch them")
+        fix = ("Take the host out of the decode loop: use a static KV cache and compile the decode step with "
+               "CUDA graphs (`model.generation_config.cache_implementation = 'static'` with "
+               "`torch.compile(model.forward, mode='reduce-overhead')`, or `torch.cuda.graphs`), or serve with "
+               "an engine that replays graphs (vLLM, SGLang, TensorRT-LLM); batch more sequences per step, "
+               "which costs the GPU almost nothing while the host bounds it.")
+        ev["rows_per_gemm"] = decode
+    out.append(Candidate(
+        id="GP-LAUNCH-001", category="launch_overhead", title=title,
+        confidence=v.host_confidence("medium"), recommendation=fix,
+        units=units, evidence=ev, generic=not bound))
     return out
 
 

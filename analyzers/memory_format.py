@@ -35,13 +35,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from gpuprof.analyzers._base import Candidate, gpu_side_confidence, ms, per_shape, top_names, views
+from gpuprof.claims import Candidate
+from gpuprof.analyzers._base import gpu_side_confidence, ms, per_shape, top_names
 
 from gpuprof.roofline import per_name
 
 if TYPE_CHECKING:
-    from gpuprof.analyzers._base import RankView
-    from gpuprof.api import Analysis
+    from gpuprof.rank import RankView
+    pass
 
 #: Kernels whose NCHW path is slower than their channels-last one (strided per-channel work).
 LAYOUT_SENSITIVE = re.compile(r"batch_norm|\bbn_|_bn_|pool|upsample|group_norm", re.IGNORECASE)
@@ -195,55 +196,54 @@ def nchw_savings(v: RankView, ratios: Ratios | None = None, vendor: str = "nvidi
     return rows, np.r_[xf["dur"].to_numpy(), saved_slow], max(at_roof, 0.0), how
 
 
-def run(analysis: Analysis) -> list[Candidate]:
-    out = []
-    for v in views(analysis):
-        xf, slow, _ = nchw_parts(v)
-        if xf.empty and slow.empty:
-            continue
-        rows, saved, at_roof, how = nchw_savings(v, vendor=analysis.spec.vendor if analysis.spec else "")
-        conv = layout_conversions(v)
-        conv = conv[~conv.index.isin(rows.index)]
-        rows = pd.concat([rows, conv])
-        saved = np.r_[saved, conv["dur"].to_numpy(dtype=float)]
-        n = v.n_steps
-        gone = pd.concat([xf, conv])
-        # the fix's units: the kernels that go (their launches and the host work before each go
-        # with them in the replay), the NCHW kernels at their channels-last time, and the launch
-        # gaps before the kernels that go; the replay of those (gpuprof.replay.fixes) is the estimate
-        units = {**v.kernel_units(rows.index, saved), **v.inner_gap_units(gone.index)}
-        g_k = float(np.sum(saved)) / n
-        if not units:
-            continue
-        confidence, idle_ms = gpu_side_confidence(v, g_k)
-        if confidence == "medium":  # host-bound: the launches that go are the saving, a host-side figure
-            confidence = v.host_confidence("medium")
-        out.append(Candidate(
-            id="GP-MEMFMT-001", category="memory_format",
-            title=f"Convolutions run in NCHW: {ms(xf['dur'].sum()) / n:.2f} ms per step of cuDNN layout "
-                  f"transposes, {ms(slow['dur'].sum()) / n:.2f} ms of NCHW batch-norm/pooling kernels and "
-                  f"{ms(conv['dur'].sum()) / n:.2f} ms of NCHW/NHWC copies ({len(gone) / n:.0f} launches per step)",
-            confidence=confidence,
-            recommendation=FIX,
-            units=units,
-            evidence={
-                "rank": v.rank,
-                "layout_transform_ms_per_step": round(ms(xf["dur"].sum()) / n, 3),
-                "layout_transforms_per_step": round(len(xf) / n, 1),
-                "layout_conversion_copies_ms_per_step": round(ms(conv["dur"].sum()) / n, 3),
-                "layout_conversion_copies_per_step": round(len(conv) / n, 1),
-                "nchw_kernels_ms_per_step": round(ms(slow["dur"].sum()) / n, 3),
-                "nchw_kernels_extra_saving_at_roofline_ms_per_step": round(ms(at_roof) / n, 3),
-                "nchw_kernels_priced": how,
-                "gpu_ms_saved_per_step": round(ms(g_k), 3),
-                "launches_removed_per_step": round(len(gone) / n, 1),
-                "gpu_idle_ms_per_step": idle_ms,
-                "transform_kernels": top_names(xf) if len(xf) else [],
-                "nchw_kernels": top_names(slow) if len(slow) else [],
-                "conversion_kernels": top_names(conv) if len(conv) else [],
-                "estimate": "the layout transforms, NCHW/NHWC copies and the launch gaps before them go; NCHW "
-                            f"batch-norm/pooling kernels: {how}; the launches of the kernels that go and the host work before "
-                            "each leave the host chain",
-            },
-        ))
+def run(v: RankView) -> list[Candidate]:
+    out: list[Candidate] = []
+    xf, slow, _ = nchw_parts(v)
+    if xf.empty and slow.empty:
+        return out
+    rows, saved, at_roof, how = nchw_savings(v, vendor=v.spec.vendor if v.spec else "")
+    conv = layout_conversions(v)
+    conv = conv[~conv.index.isin(rows.index)]
+    rows = pd.concat([rows, conv])
+    saved = np.r_[saved, conv["dur"].to_numpy(dtype=float)]
+    n = v.n_steps
+    gone = pd.concat([xf, conv])
+    # the fix's units: the kernels that go (their launches and the host work before each go
+    # with them in the replay), the NCHW kernels at their channels-last time, and the launch
+    # gaps before the kernels that go; the replay of those (gpuprof.replay.fixes) is the estimate
+    units = {**v.kernel_units(rows.index, saved), **v.inner_gap_units(gone.index)}
+    g_k = float(np.sum(saved)) / n
+    if not units:
+        return out
+    confidence, idle_ms = gpu_side_confidence(v, g_k)
+    if confidence == "medium":  # host-bound: the launches that go are the saving, a host-side figure
+        confidence = v.host_confidence("medium")
+    out.append(Candidate(
+        id="GP-MEMFMT-001", category="memory_format",
+        title=f"Convolutions run in NCHW: {ms(xf['dur'].sum()) / n:.2f} ms per step of cuDNN layout "
+              f"transposes, {ms(slow['dur'].sum()) / n:.2f} ms of NCHW batch-norm/pooling kernels and "
+              f"{ms(conv['dur'].sum()) / n:.2f} ms of NCHW/NHWC copies ({len(gone) / n:.0f} launches per step)",
+        confidence=confidence,
+        recommendation=FIX,
+        units=units,
+        evidence={
+            "rank": v.rank,
+            "layout_transform_ms_per_step": round(ms(xf["dur"].sum()) / n, 3),
+            "layout_transforms_per_step": round(len(xf) / n, 1),
+            "layout_conversion_copies_ms_per_step": round(ms(conv["dur"].sum()) / n, 3),
+            "layout_conversion_copies_per_step": round(len(conv) / n, 1),
+            "nchw_kernels_ms_per_step": round(ms(slow["dur"].sum()) / n, 3),
+            "nchw_kernels_extra_saving_at_roofline_ms_per_step": round(ms(at_roof) / n, 3),
+            "nchw_kernels_priced": how,
+            "gpu_ms_saved_per_step": round(ms(g_k), 3),
+            "launches_removed_per_step": round(len(gone) / n, 1),
+            "gpu_idle_ms_per_step": idle_ms,
+            "transform_kernels": top_names(xf) if len(xf) else [],
+            "nchw_kernels": top_names(slow) if len(slow) else [],
+            "conversion_kernels": top_names(conv) if len(conv) else [],
+            "estimate": "the layout transforms, NCHW/NHWC copies and the launch gaps before them go; NCHW "
+                        f"batch-norm/pooling kernels: {how}; the launches of the kernels that go and the host work before "
+                        "each leave the host chain",
+        },
+    ))
     return out

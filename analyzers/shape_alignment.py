@@ -28,14 +28,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from gpuprof.analyzers._base import Candidate, gpu_side_confidence, ms, per_shape, shape_codes, top_names, views
+from gpuprof.claims import Candidate
+from gpuprof.analyzers._base import gpu_side_confidence, ms, per_shape, shape_codes, top_names
 
 from gpuprof import gemmref
 from gpuprof.costmodel import gemm_mnk
 from gpuprof.trace.load import parse_arg
 
 if TYPE_CHECKING:
-    from gpuprof.api import Analysis
+    from gpuprof.rank import RankView
 
 ALIGN = {"bf16": 8, "fp16": 8, "fp8": 16, "int8": 16, "tf32": 4, "fp32": 4}
 #: Below this share of the step a finding is noise (and a fixed twin must not raise it at >= 5 %).
@@ -52,64 +53,63 @@ def _pad_to(n: int) -> int:
     return 64 if n > 1024 else 8
 
 
-def run(analysis: Analysis) -> list[Candidate]:
-    spec = analysis.spec
+def run(v: RankView) -> list[Candidate]:
+    spec = v.spec
     assert spec is not None
     ref = gemmref.reference(spec)
-    out = []
-    for v in views(analysis):
-        k = v.kernels
-        ops = v.trace.ops
-        g = k[(k["family"] == "gemm") & (k["engine"] == "tensor") & np.isfinite(k["t_roof_us"])]
-        if g.empty:
-            continue
-        codes, shapes = shape_codes(ops, g["op"].to_numpy(), gemm_mnk, by_name=True)
-        # one row per distinct shape, and a last row of zeros for kernels without an op (code -1)
-        table = np.array([x or (0, 0, 0, 0) for x in shapes] + [(0, 0, 0, 0)], dtype=np.int64).reshape(-1, 4)
-        dims = table[codes]
-        has = dims[:, 1:].min(axis=1) > 0
-        dcodes, dnames = pd.factorize(g["math_dtype"].astype(object).to_numpy(), use_na_sentinel=False)
-        align = np.array([ALIGN.get(str(d), 8) for d in dnames], dtype=np.int64)[dcodes]
-        dtype = np.asarray(dnames, dtype=object)[dcodes]
-        odd = has[:, None] & (dims[:, 1:] % align[:, None] != 0)  # M, N, K
-        fallback = g["fallback_gemm"].to_numpy(dtype=bool) if "fallback_gemm" in g else np.zeros(len(g), bool)
-        # The table measures compute-bound GEMMs: a GEMM below the ridge (a GEMV in decode, a skinny
-        # product) is bound by its bytes, which padding does not shrink (memory_bound_decode's topic).
-        ridge = np.array([spec.peak(str(d)) * 1e12 / (spec.hbm_gbps * 1e9) for d in dnames], dtype=float)[dcodes]
-        dense = g["ai"].to_numpy(dtype=float) >= ridge
-        mis = (odd.any(axis=1) | fallback) & has & dense
-        if not mis.any():
-            continue
-        # The same GEMM aligned: dimensions the fix pads, at the reference rate for that size.
-        mnk = dims[:, 1:]
-        to = np.where(mnk > 1024, 64, 8)
-        padded = np.where(odd, -(-mnk // to) * to, mnk)
-        rate = _rates(ref, dtype, dims[:, 0] * padded[:, 0], padded[:, 1], padded[:, 2])
-        # This run's aligned GEMMs against the table (clocks, power, the table's one-call-at-a-time
-        # timing): the time-weighted ratio scales the reference; without them the table stands.
-        ok = has & dense & ~mis & np.isfinite(rate)
-        flops = g["flops"].to_numpy(dtype=float)
-        dur_all = g["dur"].to_numpy(dtype=float)
-        scale = 1.0
-        if dur_all[ok].sum() / v.n_steps >= MIN_STEP_PCT / 100 * v.step_time_us:
-            scale = float((flops[ok] / (rate[ok] * 1e12) * 1e6).sum() / dur_all[ok].sum())
-        bad = g[mis]
-        bdims, padded, rate = dims[mis], padded[mis], rate[mis] * scale
-        grow = np.prod(padded.astype(float), axis=1) / np.prod(bdims[:, 1:].astype(float), axis=1)
-        after = bad["flops"].to_numpy() * grow / (rate * 1e12) * 1e6
-        dur = bad["dur"].to_numpy()
-        after = np.maximum(after, bad["t_roof_us"].to_numpy())  # never faster than the roofline
-        after = np.where(np.isfinite(after), np.minimum(after, dur), dur)
-        saved = dur - after
-        if saved.sum() / v.n_steps < MIN_STEP_PCT / 100 * v.step_time_us:
-            continue
-        i, j = np.nonzero(odd[mis])
-        tally = pd.Series(saved[i]).groupby(bdims[i, 1 + j]).sum()
-        dims_seen = dict(zip(tally.index.astype(int).tolist(), tally.to_numpy(dtype=float).tolist()))
-        source = ref.source + (f", x {scale:.2f} (this trace's aligned GEMMs against the table)" if scale != 1.0
-                               else " (no aligned GEMMs in this trace to scale it by)")
-        out.append(_candidate(v, bad, saved, after, dims_seen, _vocab_sizes(ops), source, g.drop(index=bad.index),
-                              head_padding(v)))
+    out: list[Candidate] = []
+    k = v.kernels
+    ops = v.trace.ops
+    g = k[(k["family"] == "gemm") & (k["engine"] == "tensor") & np.isfinite(k["t_roof_us"])]
+    if g.empty:
+        return out
+    codes, shapes = shape_codes(ops, g["op"].to_numpy(), gemm_mnk, by_name=True)
+    # one row per distinct shape, and a last row of zeros for kernels without an op (code -1)
+    table = np.array([x or (0, 0, 0, 0) for x in shapes] + [(0, 0, 0, 0)], dtype=np.int64).reshape(-1, 4)
+    dims = table[codes]
+    has = dims[:, 1:].min(axis=1) > 0
+    dcodes, dnames = pd.factorize(g["math_dtype"].astype(object).to_numpy(), use_na_sentinel=False)
+    align = np.array([ALIGN.get(str(d), 8) for d in dnames], dtype=np.int64)[dcodes]
+    dtype = np.asarray(dnames, dtype=object)[dcodes]
+    odd = has[:, None] & (dims[:, 1:] % align[:, None] != 0)  # M, N, K
+    fallback = g["fallback_gemm"].to_numpy(dtype=bool) if "fallback_gemm" in g else np.zeros(len(g), bool)
+    # The table measures compute-bound GEMMs: a GEMM below the ridge (a GEMV in decode, a skinny
+    # product) is bound by its bytes, which padding does not shrink (memory_bound_decode's topic).
+    ridge = np.array([spec.peak(str(d)) * 1e12 / (spec.hbm_gbps * 1e9) for d in dnames], dtype=float)[dcodes]
+    dense = g["ai"].to_numpy(dtype=float) >= ridge
+    mis = (odd.any(axis=1) | fallback) & has & dense
+    if not mis.any():
+        return out
+    # The same GEMM aligned: dimensions the fix pads, at the reference rate for that size.
+    mnk = dims[:, 1:]
+    to = np.where(mnk > 1024, 64, 8)
+    padded = np.where(odd, -(-mnk // to) * to, mnk)
+    rate = _rates(ref, dtype, dims[:, 0] * padded[:, 0], padded[:, 1], padded[:, 2])
+    # This run's aligned GEMMs against the table (clocks, power, the table's one-call-at-a-time
+    # timing): the time-weighted ratio scales the reference; without them the table stands.
+    ok = has & dense & ~mis & np.isfinite(rate)
+    flops = g["flops"].to_numpy(dtype=float)
+    dur_all = g["dur"].to_numpy(dtype=float)
+    scale = 1.0
+    if dur_all[ok].sum() / v.n_steps >= MIN_STEP_PCT / 100 * v.step_time_us:
+        scale = float((flops[ok] / (rate[ok] * 1e12) * 1e6).sum() / dur_all[ok].sum())
+    bad = g[mis]
+    bdims, padded, rate = dims[mis], padded[mis], rate[mis] * scale
+    grow = np.prod(padded.astype(float), axis=1) / np.prod(bdims[:, 1:].astype(float), axis=1)
+    after = bad["flops"].to_numpy() * grow / (rate * 1e12) * 1e6
+    dur = bad["dur"].to_numpy()
+    after = np.maximum(after, bad["t_roof_us"].to_numpy())  # never faster than the roofline
+    after = np.where(np.isfinite(after), np.minimum(after, dur), dur)
+    saved = dur - after
+    if saved.sum() / v.n_steps < MIN_STEP_PCT / 100 * v.step_time_us:
+        return out
+    i, j = np.nonzero(odd[mis])
+    tally = pd.Series(saved[i]).groupby(bdims[i, 1 + j]).sum()
+    dims_seen = dict(zip(tally.index.astype(int).tolist(), tally.to_numpy(dtype=float).tolist()))
+    source = ref.source + (f", x {scale:.2f} (this trace's aligned GEMMs against the table)" if scale != 1.0
+                           else " (no aligned GEMMs in this trace to scale it by)")
+    out.append(_candidate(v, bad, saved, after, dims_seen, _vocab_sizes(ops), source, g.drop(index=bad.index),
+                          head_padding(v)))
     return out
 
 
@@ -130,7 +130,7 @@ def head_padding(v: Any) -> pd.DataFrame:
     the copies that make q, k, v contiguous come first and stay); under ``constant_pad_nd`` of a
     ``[..., D]`` or ``[..., P]`` tensor; under ``slice_backward`` of a ``[..., D]`` gradient; under
     the SDPA backward, copies of ``[..., P]`` tensors. Empty where no SDPA call has a misaligned head."""
-    from gpuprof.analyzers._base import outermost_aten
+    from gpuprof.idle import outermost_aten
 
     k = v.kernels
     ops = v.trace.ops

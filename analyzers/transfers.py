@@ -20,51 +20,51 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from gpuprof.analyzers._base import Candidate, RankView, ms, shape_codes, top_names, units_of, views
+from gpuprof.claims import Candidate, units_of
+from gpuprof.rank import RankView
+from gpuprof.analyzers._base import ms, shape_codes, top_names
 
 from gpuprof.costmodel import gemm_mnk
 
-if TYPE_CHECKING:
-    from gpuprof.api import Analysis
 
 GEMV_ROWS = 16
 
 
-def pageable_memcpy(analysis: Analysis) -> list[Candidate]:
-    spec = analysis.spec
-    out = []
-    for r in analysis.ranks:
-        t = r.trace
-        m = t.memcpys[(t.memcpys["step"] >= 0) & t.memcpys["kind"].isin(["HtoD", "DtoH"])]
-        pageable = m[(m["src"] == "Pageable") | (m["dst"] == "Pageable")]
-        if pageable.empty:
-            continue
-        pinned = m[((m["src"] == "Pinned") | (m["dst"] == "Pinned")) & (m["bytes"] >= 1e6)]
-        if pinned["dur"].sum() > 0:
-            rate = float(pinned["bytes"].sum() / (pinned["dur"].sum() * 1e-6) / 1e9)
-            source = "pinned copies measured in this trace"
-        elif spec is not None and spec.pcie_gbps:
-            rate, source = spec.pcie_gbps, f"PCIe rate of the {spec.name} datasheet"
-        else:
-            continue
-        after = pageable["bytes"] / (rate * 1e9) * 1e6
-        saved = (pageable["dur"] - after).clip(lower=0)
-        n_steps = max(len(t.steps), 1)
-        achieved = float(pageable["bytes"].sum() / (pageable["dur"].sum() * 1e-6) / 1e9) if pageable["dur"].sum() else 0.0
-        out.append(Candidate(
-            id="GP-COPY-001", category="pageable_memcpy",
-            title=f"{len(pageable) / n_steps:.0f} copies per step from pageable host memory run at "
-                  f"{achieved:.1f} GB/s ({pageable['bytes'].sum() / n_steps / 1e6:.0f} MB per step)",
-            confidence="high",
-            recommendation="Allocate host tensors in pinned memory (`DataLoader(pin_memory=True)` or "
-                           "`tensor.pin_memory()`) and copy with `.to('cuda', non_blocking=True)`, ideally "
-                           "prefetching the next batch on a side stream so the copy overlaps compute.",
-            units=units_of("m", t.meta.rank, pageable.index, saved),
-            evidence={"rank": t.meta.rank, "pageable_copies": pageable["name"].astype(str).value_counts().to_dict(),
-                      "pageable_gbps": round(achieved, 2), "pinned_gbps_used": round(rate, 2), "rate_source": source,
-                      "copy_ms_per_step": round(ms(pageable["dur"].sum()) / n_steps, 3),
-                      "estimated_ms_per_step_after": round(ms(after.sum()) / n_steps, 3),
-                      "estimate": "the same bytes at the pinned transfer rate"}))
+def pageable_memcpy(v: RankView) -> list[Candidate]:
+    spec = v.spec
+    out: list[Candidate] = []
+    r = v.result
+    t = r.trace
+    m = t.memcpys[(t.memcpys["step"] >= 0) & t.memcpys["kind"].isin(["HtoD", "DtoH"])]
+    pageable = m[(m["src"] == "Pageable") | (m["dst"] == "Pageable")]
+    if pageable.empty:
+        return out
+    pinned = m[((m["src"] == "Pinned") | (m["dst"] == "Pinned")) & (m["bytes"] >= 1e6)]
+    if pinned["dur"].sum() > 0:
+        rate = float(pinned["bytes"].sum() / (pinned["dur"].sum() * 1e-6) / 1e9)
+        source = "pinned copies measured in this trace"
+    elif spec is not None and spec.pcie_gbps:
+        rate, source = spec.pcie_gbps, f"PCIe rate of the {spec.name} datasheet"
+    else:
+        return out
+    after = pageable["bytes"] / (rate * 1e9) * 1e6
+    saved = (pageable["dur"] - after).clip(lower=0)
+    n_steps = max(len(t.steps), 1)
+    achieved = float(pageable["bytes"].sum() / (pageable["dur"].sum() * 1e-6) / 1e9) if pageable["dur"].sum() else 0.0
+    out.append(Candidate(
+        id="GP-COPY-001", category="pageable_memcpy",
+        title=f"{len(pageable) / n_steps:.0f} copies per step from pageable host memory run at "
+              f"{achieved:.1f} GB/s ({pageable['bytes'].sum() / n_steps / 1e6:.0f} MB per step)",
+        confidence="high",
+        recommendation="Allocate host tensors in pinned memory (`DataLoader(pin_memory=True)` or "
+                       "`tensor.pin_memory()`) and copy with `.to('cuda', non_blocking=True)`, ideally "
+                       "prefetching the next batch on a side stream so the copy overlaps compute.",
+        units=units_of("m", t.meta.rank, pageable.index, saved),
+        evidence={"rank": t.meta.rank, "pageable_copies": pageable["name"].astype(str).value_counts().to_dict(),
+                  "pageable_gbps": round(achieved, 2), "pinned_gbps_used": round(rate, 2), "rate_source": source,
+                  "copy_ms_per_step": round(ms(pageable["dur"].sum()) / n_steps, 3),
+                  "estimated_ms_per_step_after": round(ms(after.sum()) / n_steps, 3),
+                  "estimate": "the same bytes at the pinned transfer rate"}))
     return out
 
 
@@ -89,32 +89,31 @@ def decode_gemvs(v: RankView) -> tuple[pd.DataFrame | None, float]:
     return gemv, float(m_rows[gemv.index].median())
 
 
-def memory_bound_decode(analysis: Analysis) -> list[Candidate]:
-    out = []
-    for v in views(analysis):
-        gemv, rows = decode_gemvs(v)
-        if gemv is None:
-            continue
-        dtype = str(gemv["dtype"].mode().iat[0])
-        factor = {"fp32": 0.75, "bf16": 0.5, "fp16": 0.5}.get(dtype, 0.0)
-        saved = gemv["dur"] * factor
-        tokens = int(rows)
-        bw = float(gemv["bytes"].sum() / (gemv["dur"].sum() * 1e-6) / 1e9)
-        out.append(Candidate(
-            id="GP-DECODE-001", category="memory_bound_decode",
-            title=f"Decode streams the weights for {tokens} token(s) per step: GEMMs are memory-bound "
-                  f"at {bw:.0f} GB/s and take {100 * gemv['dur'].sum() / v.n_steps / v.step_time_us:.0f}% of the step",
-            confidence="medium",
-            recommendation="Serve more sequences per step (continuous batching: a larger batch costs almost "
-                           "nothing while GEMMs are memory-bound), quantise weights to 8 bits (FP8 on Hopper, "
-                           "INT8/INT4 weight-only), capture decode in CUDA graphs, and use a paged KV cache.",
-            # graph capture of the decode step (in the fix) also removes the launch gaps before its GEMVs
-            units={**v.kernel_units(gemv.index, saved), **v.inner_gap_units(gemv.index)},
-            evidence={"rank": v.rank, "rows_per_gemm": tokens, "weight_dtype": dtype,
-                      "gemv_ms_per_step": round(ms(gemv["dur"].sum()) / v.n_steps, 3),
-                      "achieved_gbps": round(bw, 1),
-                      "kernels": top_names(gemv),
-                      "estimate": f"8-bit weights: {int(100 * factor)}% fewer bytes for {dtype} weights, time "
-                                  "falls in proportion (memory-bound); CUDA graphs remove the launch gaps "
-                                  "before the GEMVs"}))
+def memory_bound_decode(v: RankView) -> list[Candidate]:
+    out: list[Candidate] = []
+    gemv, rows = decode_gemvs(v)
+    if gemv is None:
+        return out
+    dtype = str(gemv["dtype"].mode().iat[0])
+    factor = {"fp32": 0.75, "bf16": 0.5, "fp16": 0.5}.get(dtype, 0.0)
+    saved = gemv["dur"] * factor
+    tokens = int(rows)
+    bw = float(gemv["bytes"].sum() / (gemv["dur"].sum() * 1e-6) / 1e9)
+    out.append(Candidate(
+        id="GP-DECODE-001", category="memory_bound_decode",
+        title=f"Decode streams the weights for {tokens} token(s) per step: GEMMs are memory-bound "
+              f"at {bw:.0f} GB/s and take {100 * gemv['dur'].sum() / v.n_steps / v.step_time_us:.0f}% of the step",
+        confidence="medium",
+        recommendation="Serve more sequences per step (continuous batching: a larger batch costs almost "
+                       "nothing while GEMMs are memory-bound), quantise weights to 8 bits (FP8 on Hopper, "
+                       "INT8/INT4 weight-only), capture decode in CUDA graphs, and use a paged KV cache.",
+        # graph capture of the decode step (in the fix) also removes the launch gaps before its GEMVs
+        units={**v.kernel_units(gemv.index, saved), **v.inner_gap_units(gemv.index)},
+        evidence={"rank": v.rank, "rows_per_gemm": tokens, "weight_dtype": dtype,
+                  "gemv_ms_per_step": round(ms(gemv["dur"].sum()) / v.n_steps, 3),
+                  "achieved_gbps": round(bw, 1),
+                  "kernels": top_names(gemv),
+                  "estimate": f"8-bit weights: {int(100 * factor)}% fewer bytes for {dtype} weights, time "
+                              "falls in proportion (memory-bound); CUDA graphs remove the launch gaps "
+                              "before the GEMVs"}))
     return out

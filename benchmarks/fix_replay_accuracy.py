@@ -28,8 +28,9 @@ from typing import Any
 
 import gpuprof
 from benchmarks.pairs import H200, pairs, realised_noise_ms, step_ms, trace_path
-from gpuprof.analyzers import REGISTRY, distributed
-from gpuprof.replay import fixes
+from gpuprof import pricing
+from gpuprof.analyzers import REGISTRY
+
 
 #: Within this of the realised saving a pair's estimate is "within ±20 %" (issue #13's "most pairs").
 WITHIN = 0.20
@@ -46,9 +47,9 @@ def all_pairs() -> list[tuple[str, str, str]]:
 
 
 def evaluate() -> list[dict[str, Any]]:
-    used, cross_used = fixes.REPLAY_USED, distributed.REPLAY_USED
+    used, cross_used = pricing.REPLAY_USED, pricing.CROSS_REPLAY_USED
     # the analyzers' own estimates, with the replay in the evidence (the cross-rank ones too)
-    fixes.REPLAY_USED = distributed.REPLAY_USED = frozenset()
+    pricing.REPLAY_USED = pricing.CROSS_REPLAY_USED = frozenset()
     try:
         rows: list[dict[str, Any]] = []
         names = {x.name for x in REGISTRY}
@@ -68,7 +69,7 @@ def evaluate() -> list[dict[str, Any]]:
                          "replay_ms": (before - after) if before is not None and after is not None else None,
                          "why_not": ev.get("replay_not_used") if before is None else None})
     finally:
-        fixes.REPLAY_USED, distributed.REPLAY_USED = used, cross_used
+        pricing.REPLAY_USED, pricing.CROSS_REPLAY_USED = used, cross_used
     for r in rows:  # what the report says, each replayed fix priced after the ones claimed before it
         a = gpuprof.analyze(trace_path(r["bad"]), step_ms=step_ms(r["bad"]), cache=False)
         f = next((x for x in a.findings if x.category == r["category"]), None)
@@ -134,7 +135,7 @@ def by_category(rows: list[dict[str, Any]]) -> dict[str, tuple[float, float, flo
 
 
 def use_replay(rows: list[dict[str, Any]], cat: str) -> bool:
-    """The rule for ``fixes.REPLAY_USED``: replay is in total at least as close as today's
+    """The rule for ``pricing.REPLAY_USED``: replay is in total at least as close as today's
     estimate, within what the realised savings are known to, and takes no pair that today's
     estimate held within ±35 % outside it."""
     today, rep, unc = by_category(rows)[cat]
@@ -161,4 +162,4 @@ if __name__ == "__main__":
           "estimate used |\n|---|---|---|---|---|---|")
     for cat, (today, rep, unc) in by_category(rows).items():
         print(f"| {cat} | {today:.2f} | {rep:.2f} | {unc:.2f} | {'replay' if use_replay(rows, cat) else 'today'} "
-              f"| {'replay' if cat in fixes.REPLAY_USED | distributed.REPLAY_USED else 'today'} |")
+              f"| {'replay' if cat in pricing.REPLAY_USED | pricing.CROSS_REPLAY_USED else 'today'} |")

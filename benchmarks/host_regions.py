@@ -165,7 +165,7 @@ def _fit_speed(g: Graph, real_ms: float) -> Graph:
 
 
 def models(t: RankTrace) -> dict[str, Callable[[Graph, float], Graph]]:
-    from gpuprof.analyzers._base import bracket_cost_us
+    from gpuprof.hostcost import bracket_cost_us
     from gpuprof.replay import host_bounds
 
     br = bracket_cost_us(t)

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.pairs import step_ms, trace_path
-from gpuprof.ranks import load_trace_cached
-from gpuprof.analyzers._base import bracket_cost_us
+from gpuprof.jobs import load_trace_cached
+from gpuprof.hostcost import bracket_cost_us
 from gpuprof.replay import Graph, build, calibrate, deflate, host_bounds, run, what_if
 from gpuprof.replay import transforms as tf
 from gpuprof.specs import resolve
@@ -60,9 +60,9 @@ def cuda_graph(ts: list[RankTrace], g: Graph) -> Graph:
 
 
 def tf_copy_or_sync() -> set[str]:
-    from gpuprof.replay.graph import COPY_NAMES, SYNC_NAMES
+    from gpuprof.trace.names import REPLAY_COPY_CALLS, REPLAY_SYNC_CALLS
 
-    return set(COPY_NAMES) | set(SYNC_NAMES)
+    return set(REPLAY_COPY_CALLS) | set(REPLAY_SYNC_CALLS)
 
 
 def pinned_copies(ts: list[RankTrace], g: Graph) -> Graph:
@@ -85,18 +85,18 @@ def pinned_copies(ts: list[RankTrace], g: Graph) -> Graph:
 
 
 def rebalance(ts: list[RankTrace], g: Graph) -> Graph:
-    """Cut the slow rank's extra host time to the median rank's (gpuprof.replay.ranks.rebalance:
+    """Cut the slow rank's extra host time to the median rank's (gpuprof.replay.job.rebalance:
     its gaps longer than any of the median rank's become that rank's typical gap, then any excess
     of its host time per step goes)."""
-    from gpuprof.replay.ranks import rebalance as cut
+    from gpuprof.replay.job import rebalance as cut
 
     return cut(g)
 
 
 def overlap(ts: list[RankTrace], g: Graph) -> Graph:
     """DDP's bucketed all-reduce: the collectives run behind compute, the largest of each step kept,
-    and the ops that issued them from Python cost nothing (gpuprof.replay.ranks.cross_fix)."""
-    from gpuprof.replay.ranks import cross_fix, rank_graph
+    and the ops that issued them from Python cost nothing (gpuprof.replay.job.cross_fix)."""
+    from gpuprof.replay.job import cross_fix, rank_graph
 
     return cross_fix("exposed_communication", g, [rank_graph(t) for t in ts])
 

@@ -15,9 +15,9 @@ import time
 from dataclasses import replace
 
 from benchmarks.replay_speed import tile
-from gpuprof.ranks import load_trace_cached
+from gpuprof.jobs import load_trace_cached
 from gpuprof.replay import Graph, run
-from gpuprof.replay.ranks import join, rank_graph
+from gpuprof.replay.job import join, rank_graph
 from gpuprof.trace.model import RankTrace
 from tests.conftest import SAMPLES
 

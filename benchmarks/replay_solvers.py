@@ -31,28 +31,28 @@ from benchmarks.report_digest import inputs
 
 
 def _outputs(path: Path, solver: Callable[..., Any]) -> dict[str, Any]:
-    import gpuprof.replay
+    import gpuprof.replay.run
     from gpuprof.api import analyze
     from gpuprof.errors import GpuprofError
     from gpuprof.views import claims
 
     module = sys.modules["gpuprof.replay.simulate"]
     saved = module.simulate
-    # fixes.Plan.by_class_ms imports it from the module; gpuprof.replay.run calls the package's name
+    # fixes.Plan.by_class_ms imports it from the module; gpuprof.replay.run calls its own name
     setattr(module, "simulate", solver)
-    setattr(gpuprof.replay, "simulate", solver)
+    setattr(gpuprof.replay.run, "simulate", solver)
     try:
         a = analyze(path, cache=False)
         out: dict[str, Any] = {"json": json.loads(a.to_json())}
         out.update(json.loads(json.dumps(a.views_detail(), sort_keys=True, default=repr)))
-        c = claims(a)
+        c = claims(a, a.ranks)
         out["claims"] = c.to_dict(orient="split")  # the frame whose CSV the digest hashes
         return out
     except GpuprofError as e:
         return {"error": str(e)}
     finally:
         setattr(module, "simulate", saved)
-        setattr(gpuprof.replay, "simulate", saved)
+        setattr(gpuprof.replay.run, "simulate", saved)
 
 
 def _diffs(x: Any, y: Any, where: str = "") -> Iterator[tuple[str, Any, Any, float]]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gpuprof.ranks import load_trace_cached
+from gpuprof.jobs import load_trace_cached
 from gpuprof.replay import build, deflate, run
 from gpuprof.trace.model import RankTrace
 

@@ -47,6 +47,8 @@ def digest(path: Path, workers: int | None = None) -> dict[str, str]:
         a = analyze(path, cache=False, workers=workers)
     except GpuprofError as e:
         return {"error": str(e)}
+    except Exception as e:  # noqa: BLE001 - a crash is recorded like any output
+        return {"error": f"crash: {type(e).__name__}: {e}"}
     out: dict[str, str] = {}
 
     def put(key: str, make: Any) -> None:
@@ -65,11 +67,11 @@ def digest(path: Path, workers: int | None = None) -> dict[str, str]:
             out[k] = _h(json.dumps(v, sort_keys=True, default=repr))
     except Exception as e:  # noqa: BLE001
         out["views"] = f"error: {type(e).__name__}: {e}"
-    put("claims", lambda: claims(a).to_csv())
+    put("claims", lambda: claims(a, a.ranks).to_csv())
 
     def annotated() -> str:
         kept = analyze(path, cache=False, keep_traces=True)
-        return json.dumps(annotation_data(kept), sort_keys=True, default=_frame_text)
+        return json.dumps(annotation_data(kept, kept.ranks), sort_keys=True, default=_frame_text)
 
     put("annotate", annotated)
     return out

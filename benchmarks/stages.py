@@ -3,9 +3,11 @@
 Stages, in the order ``gpuprof report --no-cache`` runs them on a single trace: ``load`` (decode
 and frames, :func:`gpuprof.trace.load.load_trace`), ``cost model + roofline``
 (:func:`gpuprof.roofline.classify`, which prices every op through :mod:`gpuprof.costmodel`),
-``timeline`` (:func:`gpuprof.timeline.summarize`), ``rank summary`` (:func:`gpuprof.ranks.part_of`),
-``views`` (per-rank views and idle gaps shared by the analyzers), then every analyzer of the
-registry alone, ``claims`` and the JSON report. Beside the load: a bare msgspec typed decode of
+``timeline`` (:func:`gpuprof.timeline.summarize`), ``rank summary`` (:func:`gpuprof.parts.part_of`),
+``rank view (idle gaps)`` (:class:`gpuprof.rank.RankView`, shared by the analyzers), then every
+analyzer of the registry alone, ``claims``, ``replay plan`` (the rank's graph and its host model,
+:func:`gpuprof.replay.fixes.plan`), ``pricing`` (every fix replayed alone,
+:func:`gpuprof.pricing.price_rank`) and the JSON report. Beside the load: a bare msgspec typed decode of
 the same file (read, gunzip, decode into structs of the fields gpuprof reads, nothing else),
 the floor the loader is measured against. Each trace runs in a fresh process; with ``--json``
 the figures are printed as one JSON object per trace (``benchmarks/matrix.py`` reads them).
@@ -86,9 +88,15 @@ times["bare msgspec decode"], cpu["bare msgspec decode"] = time.perf_counter() -
 gc.enable(); gc.collect()
 
 import gpuprof
-from gpuprof.analyzers import REGISTRY, _base, findings_of, select
+from gpuprof import pricing
+from gpuprof.analysis import Result
+from gpuprof.analyzers import select
 from gpuprof.api import Analysis
-from gpuprof.ranks import part_of, RankResult
+from gpuprof.claims import claim, claimed
+from gpuprof.parts import part_of
+from gpuprof.pipeline import findings_of
+from gpuprof.rank import RankResult, RankView
+from gpuprof.replay import fixes
 from gpuprof.roofline import classify
 from gpuprof.specs import resolve
 from gpuprof.timeline import summarize
@@ -107,17 +115,18 @@ roof = stage("cost model + roofline", lambda: classify(trace, spec))
 summary = stage("timeline", lambda: summarize(trace.steps, trace.kernels, roof, trace.memcpys, spec))
 r = RankResult(trace, roof, summary)
 part = stage("rank summary", lambda: part_of(r))
-a = Analysis(parts=(part,), spec=spec, results=(r,))
-active, _ = select(a.parts, spec)
-stage("views", lambda: _base.views(a))
+active, _ = select((part,), spec)
+view = stage("rank view (idle gaps)", lambda: RankView(r, spec))
 cands = []
 for an in active:
     if an.run is not None:
-        cands.extend(stage("analyzer " + an.name, lambda: an.run(a)))
-contribs = stage("claims", lambda: _base.claim(part.rank, cands, part.n_steps))
-findings = findings_of(a.parts, contribs)
-from dataclasses import replace
-stage("json report", lambda: replace(a, findings=tuple(findings)).to_json())
+        cands.extend(stage("analyzer " + an.name, lambda: an.run(view)))
+claims = stage("claims", lambda: claimed(cands, part.n_steps))
+plan = stage("replay plan", lambda: fixes.plan(view, claims, None))
+contribs = stage("pricing", lambda: pricing.price_rank(plan, claim(part.rank, cands, part.n_steps), part))
+findings = findings_of((part,), contribs)
+a = Analysis.of(Result(parts=(part,), spec=spec, findings=tuple(findings), frames=(r,), claims=(claims,)))
+stage("json report", lambda: a.to_json())
 print(json.dumps({"events": n_events, "kernels": len(trace.kernels), "seconds": times, "cpu_seconds": cpu,
                   "findings": [f.id for f in findings],
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))

@@ -11,7 +11,7 @@ A stored report is keyed by gpuprof's own source (every ``.py`` file of gpuprof,
 and reports), the cache format, the report's options and, per trace file, its resolved path and
 the key of the bytes the report was computed from (what the analysis parsed, not what the file
 holds when the report is stored). Reports of trace files and of plain folders of trace files
-(listed as :func:`gpuprof.api.find_traces` lists them, the listing in the key) are stored; run
+(listed as :func:`gpuprof.runfolder.find_traces` lists them, the listing in the key) are stored; run
 folders (a manifest, or what a killed recorder left in ``traces/``) are not: their manifest and
 NVML samples would have to be covered too.
 """

@@ -230,7 +230,7 @@ def _annotate(analysis: Any, out: Path, force: bool, inputs: files.Inputs) -> No
     from gpuprof.reports.annotate import annotated_bytes
     from gpuprof.views import annotation_data
 
-    data = annotation_data(analysis)
+    data = annotation_data(analysis, analysis.ranks)
     if len(data) > 1:
         if out.exists() and not out.is_dir():
             raise UsageError("several ranks: --annotated/-o names a folder for rank{R}.json.gz", str(out))

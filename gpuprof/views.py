@@ -1,131 +1,80 @@
 """Plain data for the views beyond the ranked findings, computed here so that reports only format:
 
 * :func:`claims`: the kernels, copies and idle gaps each reported finding owns after claims
-  (the units :func:`gpuprof.analyzers._base.claim` counts for it), with their times;
+  (the units :func:`gpuprof.claims.claim` counted for it, kept with the result), with their times;
 * :func:`timeline`: one step's lanes (host threads, GPU streams, idle stretches), decimated for
   big traces while keeping every item a finding claims;
 * :func:`operators`: one row per CPU op name (aten and ``record_function`` spans);
 * :func:`annotation_data`: what ``gpuprof annotate`` adds to a trace.
 
-Times are µs on each rank's own time origin (:mod:`gpuprof.trace.model`) unless said otherwise.
+Each takes the :class:`~gpuprof.analysis.Result` and the ranks' frames (``ranks``, in its parts'
+order). Times are µs on each rank's own time origin (:mod:`gpuprof.trace.model`) unless said
+otherwise.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-if TYPE_CHECKING:
-    from gpuprof.analyzers._base import Candidate
-    from gpuprof.api import Analysis
+from gpuprof.analysis import Result
+from gpuprof.claims import owned_units
+from gpuprof.idle import classify_gaps
+from gpuprof.rank import RankResult
 
 CLAIM_COLUMNS = ["finding", "rank", "kind", "row", "ts", "end", "saved_us", "name", "stream"]
 _KINDS = {"k": "kernel", "m": "memcpy", "gap": "gap"}
 
 
-#: Per trace (by id, while it lives): the candidates its findings were claimed from when it was
-#: analysed, and the idle gaps their gap units number (see :func:`keep_candidates`).
-_KEPT: dict[int, tuple[weakref.ref[Any], list[Candidate], pd.DataFrame]] = {}
-
-
-def keep_candidates(one_rank: Analysis, candidates: Sequence[Candidate]) -> None:
-    """Remember the candidates one rank's findings were just claimed from (called where the
-    analysis runs, :func:`gpuprof.analyzers.rank_contributions`), so :func:`claims` need not run
-    the analyzers again. Held only while the rank's trace is: nothing is copied, the units are
-    those the analysis made."""
-    from gpuprof.analyzers._base import views
-
-    (view,) = views(one_rank)
-    t = one_rank.ranks[0].trace
-    key = id(t)
-
-    def gone(ref: weakref.ref[Any], key: int = key) -> None:
-        if key in _KEPT and _KEPT[key][0] is ref:
-            del _KEPT[key]
-
-    _KEPT[key] = (weakref.ref(t, gone), list(candidates), view.gaps)
-
-
-def _kept(trace: Any) -> tuple[list[Candidate], pd.DataFrame] | None:
-    hit = _KEPT.get(id(trace))
-    if hit is None or hit[0]() is not trace:
-        return None
-    return hit[1], hit[2]
-
-
-def claims(analysis: Analysis) -> pd.DataFrame:
+def claims(result: Result, ranks: Sequence[RankResult]) -> pd.DataFrame:
     """Every unit a reported finding keeps after claims, one row each.
 
     Columns: finding (id), rank, kind (kernel, memcpy, gap), row (of the rank's kernels or
     memcpys; for gaps, of the rank's classified gaps), ts, end (µs), saved_us (what the finding
     counts there, over all profiled steps), name (kernel or copy name; ``idle`` for gaps),
-    stream (-1 for gaps). The candidates are those the analysis claimed from (kept with the
-    rank's trace, :func:`keep_candidates`); where they are not held (ranks analysed in worker
-    processes, results read from the results cache) the analyzers are run again on the rank.
-    Claims are settled exactly as for the report, so the times here sum to each finding's
-    counted saving on that rank (a replayed finding's saving spread over its claims in
-    proportion to what each claimed)."""
-    from gpuprof.analyzers import distributed, select
-    from gpuprof.analyzers._base import Candidate, claimed_units, release_views, views
-
-    reported = {f.id for f in analysis.findings}
+    stream (-1 for gaps). The claims are those the analysis settled (``result.claims``), so the
+    times here sum to each finding's counted saving on that rank (a replayed finding's saving
+    spread over its claims in proportion to what each claimed)."""
+    reported = {f.id for f in result.findings}
     if not reported:
         return pd.DataFrame(columns=CLAIM_COLUMNS)
-    cross: dict[int, Any] | None = None
     frames: list[pd.DataFrame] = []
-    for part in analysis.parts:
-        one = analysis.one_rank(part.rank)
-        try:
-            t = one.ranks[0].trace
-            kept = _kept(t)
-            if kept is not None:
-                candidates, gaps = kept
-            else:
-                active, _ = select(analysis.parts, analysis.spec)
-                if cross is None:
-                    results = {r.trace.meta.rank: r for r in analysis.ranks}
-                    cross = distributed.plan(analysis.parts, lambda slow, waits, waiting: distributed.slow_detail(
-                        results[slow], waits, waiting), [a.name for a in active])
-                candidates = [c for a in active if a.run is not None for c in a.run(one)]
-                (view,) = views(one)
-                candidates.extend(distributed.to_candidate(cc, view) for cc in cross.get(part.rank, ()))
-                gaps = view.gaps
-            owned = claimed_units(candidates, part.n_steps)
-            for fid, units in owned.items():
-                if fid not in reported or not units:
-                    continue
-                keys = list(units)
-                kinds = np.array([u[0] for u in keys], dtype=object)
-                rows = np.array([int(u[2]) for u in keys], dtype=np.int64)
-                saved = np.array([units[u] for u in keys], dtype=float)
-                for kind, src in (("k", t.kernels), ("m", t.memcpys)):
-                    m = kinds == kind
-                    if m.any():
-                        sel = src.loc[rows[m]]
-                        frames.append(pd.DataFrame({
-                            "finding": fid, "rank": part.rank, "kind": _KINDS[kind], "row": rows[m],
-                            "ts": sel["ts"].to_numpy(), "end": sel["end"].to_numpy(), "saved_us": saved[m],
-                            "name": sel["name"].astype(str).to_numpy(), "stream": sel["stream"].to_numpy()}))
-                m = kinds == "gap"
+    for part, r, rank_claims in zip(result.parts, ranks, result.claims):
+        t = r.trace
+        gaps: pd.DataFrame | None = None
+        for fid, units in owned_units(rank_claims).items():
+            if fid not in reported or not units:
+                continue
+            keys = list(units)
+            kinds = np.array([u[0] for u in keys], dtype=object)
+            rows = np.array([int(u[2]) for u in keys], dtype=np.int64)
+            saved = np.array([units[u] for u in keys], dtype=float)
+            for kind, src in (("k", t.kernels), ("m", t.memcpys)):
+                m = kinds == kind
                 if m.any():
-                    g = gaps.loc[rows[m]]
+                    sel = src.loc[rows[m]]
                     frames.append(pd.DataFrame({
-                        "finding": fid, "rank": part.rank, "kind": "gap", "row": rows[m],
-                        "ts": g["start"].to_numpy(), "end": g["end"].to_numpy(), "saved_us": saved[m],
-                        "name": "idle (" + g["cause"].astype(str) + ")", "stream": -1}))
-        finally:
-            release_views(one)
+                        "finding": fid, "rank": part.rank, "kind": _KINDS[kind], "row": rows[m],
+                        "ts": sel["ts"].to_numpy(), "end": sel["end"].to_numpy(), "saved_us": saved[m],
+                        "name": sel["name"].astype(str).to_numpy(), "stream": sel["stream"].to_numpy()}))
+            m = kinds == "gap"
+            if m.any():
+                gaps = classify_gaps(t) if gaps is None else gaps
+                g = gaps.loc[rows[m]]
+                frames.append(pd.DataFrame({
+                    "finding": fid, "rank": part.rank, "kind": "gap", "row": rows[m],
+                    "ts": g["start"].to_numpy(), "end": g["end"].to_numpy(), "saved_us": saved[m],
+                    "name": "idle (" + g["cause"].astype(str) + ")", "stream": -1}))
     if not frames:
         return pd.DataFrame(columns=CLAIM_COLUMNS)
     out = pd.concat(frames, ignore_index=True)[CLAIM_COLUMNS]
     # A replayed finding's saving is its fix replayed, not its claims added up: its claims carry
-    # that saving in proportion to what each claimed (gpuprof.replay.fixes).
-    steps = {p.rank: p.n_steps for p in analysis.parts}
-    for f in analysis.findings:
+    # that saving in proportion to what each claimed (gpuprof.pricing).
+    steps = {p.rank: p.n_steps for p in result.parts}
+    for f in result.findings:
         if f.evidence.get("estimate") != "replay":
             continue
         for rank in out.loc[out["finding"] == f.id, "rank"].unique():
@@ -136,7 +85,7 @@ def claims(analysis: Analysis) -> pd.DataFrame:
     return out.sort_values(["rank", "ts"], kind="stable", ignore_index=True)
 
 
-def annotation_data(analysis: Analysis) -> list[dict[str, Any]]:
+def annotation_data(result: Result, ranks: Sequence[RankResult]) -> list[dict[str, Any]]:
     """Per rank, what ``gpuprof annotate`` writes into its trace: the file, its time origin
     (``t0_epoch_ns``, :class:`gpuprof.trace.model.TraceMeta`), each
     kernel's roofline class, and each finding's claimed items with the finding's headline.
@@ -144,13 +93,13 @@ def annotation_data(analysis: Analysis) -> list[dict[str, Any]]:
     ``kernels`` holds columns ts, dur, stream, device, cls (compute, memory, latency, unknown,
     communication), bound, roofline_pct, achieved_tflops, achieved_gbps; ``claims`` is
     :func:`claims` for that rank."""
-    c = claims(analysis)
+    c = claims(result, ranks)
     findings = {f.id: {"id": f.id, "category": f.category, "title": f.title,
                        "saving_ms": f.estimated_savings_ms, "saving_pct": f.estimated_savings_pct,
                        "confidence": f.confidence, "order": i + 1}
-                for i, f in enumerate(analysis.findings)}
+                for i, f in enumerate(result.findings)}
     out = []
-    for r in analysis.ranks:
+    for r in ranks:
         meta = r.trace.meta
         k = pd.concat([r.trace.kernels[["ts", "dur", "stream", "device"]],
                        r.roofline[["cls", "bound", "roofline_pct", "achieved_tflops", "achieved_gbps"]]], axis=1)
@@ -159,7 +108,6 @@ def annotation_data(analysis: Analysis) -> list[dict[str, Any]]:
                     "claims": mine.reset_index(drop=True),
                     "findings": [findings[f] for f in findings if f in set(mine["finding"])]})
     return out
-
 
 
 def _dims_text(values: pd.Series) -> np.ndarray:
@@ -189,7 +137,8 @@ def _pick_step(steps: pd.DataFrame) -> int | None:
     return int(order["step"].iloc[(len(order) - 1) // 2])
 
 
-def timeline(analysis: Analysis, max_items: int = 30000, claims_frame: pd.DataFrame | None = None) -> dict[str, Any]:
+def timeline(result: Result, ranks: Sequence[RankResult], max_items: int = 30000,
+             claims_frame: pd.DataFrame | None = None) -> dict[str, Any]:
     """One step on the GPU timeline, as lanes of items, for the HTML timeline.
 
     Single rank: host threads (top-level and second-level ops, runtime calls per thread), one
@@ -204,10 +153,7 @@ def timeline(analysis: Analysis, max_items: int = 30000, claims_frame: pd.DataFr
     Returns ``{"step", "rank", "window_us", "gpu_start_us" (where the step's GPU window opens), "lanes": [{"name", "kind"}], "items": columns
     (lane, start, dur, name, cls, shapes, detail), "findings": {id: [item index]}, "dropped",
     "total"}``; names and shapes are interned in ``strings`` (items hold codes)."""
-    from gpuprof.analyzers._base import classify_gaps
-
-    c = claims(analysis) if claims_frame is None else claims_frame
-    ranks = analysis.ranks
+    c = claims(result, ranks) if claims_frame is None else claims_frame
     first = ranks[0]
     step = _pick_step(first.trace.steps)
     if step is None:
@@ -292,7 +238,7 @@ def timeline(analysis: Analysis, max_items: int = 30000, claims_frame: pd.DataFr
                 m = inside(t.memcpys)
                 m = m[m["stream"] == s]
                 add(f"{pre}GPU {int(m['device'].iloc[0])} stream {int(s)}", "gpu", gpu_items(m, "memcpy", "memcpy"))
-        g = classify_gaps(r)
+        g = classify_gaps(r.trace)
         g = g[g["step"] == step]
         add(f"{pre}GPU idle", "idle", pd.DataFrame({
             "start": g["start"].to_numpy() - origin, "dur": g["dur"].to_numpy(),
@@ -373,7 +319,7 @@ def _inside_sums(spans: pd.DataFrame, k: pd.DataFrame, cols: list[str]) -> dict[
     return {**out, "n": n}
 
 
-def operators(analysis: Analysis, top: int | None = 2000) -> pd.DataFrame:
+def operators(ranks: Sequence[RankResult], top: int | None = 2000) -> pd.DataFrame:
     """One row per CPU op name (``aten::…``) and per ``record_function`` span name, over the
     profiled steps of every rank.
 
@@ -385,7 +331,7 @@ def operators(analysis: Analysis, top: int | None = 2000) -> pd.DataFrame:
     (distinct ones). Heaviest GPU time first; at most ``top`` rows. ``ProfilerStep#N`` spans
     are the steps themselves and left out."""
     rows: list[pd.DataFrame] = []
-    for r in analysis.ranks:
+    for r in ranks:
         t = r.trace
         k = pd.concat([t.kernels[["dur", "op", "launch_tid", "launch_ts", "step"]], r.roofline[["flops", "bytes"]]],
                       axis=1)
@@ -436,13 +382,13 @@ def operators(analysis: Analysis, top: int | None = 2000) -> pd.DataFrame:
     return out[OPERATOR_COLUMNS].head(top) if top else out[OPERATOR_COLUMNS]
 
 
-def memory(analysis: Analysis, max_points: int = 4000, top: int = 15) -> dict[str, Any]:
+def memory(ranks: Sequence[RankResult], max_points: int = 4000, top: int = 15) -> dict[str, Any]:
     """GPU memory over the profiled steps from ``profile_memory=True`` events (the first rank
     that has them): allocated and reserved bytes after each event (µs from the first step's
     start, down-sampled to about ``max_points`` with the peak always kept), the peak and the
     step it fell in, and the ops whose allocations add up to most (the innermost CPU op on the
     allocating thread when it ran: bytes, count, largest one). Empty when no rank has them."""
-    for r in analysis.ranks:
+    for r in ranks:
         t = r.trace
         m = t.memory
         m = m[(m["device_type"].to_numpy() == 1) & (m["step"].to_numpy() >= 0)]

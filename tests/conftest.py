@@ -38,6 +38,13 @@ def sample_analysis(name: str, with_step: bool = True) -> Any:
     return _SAMPLE_ANALYSES[key]
 
 
+def views(a: Any) -> list[Any]:
+    """Each rank's view (:class:`gpuprof.rank.RankView`) of an analysis, as the analyzers see it."""
+    from gpuprof.rank import RankView
+
+    return [RankView(r, a.spec) for r in a.ranks]
+
+
 def gpu_busy_ms(name: str) -> float:
     """A shipped sample's GPU busy time per step (ms, the step less its idle share), from its
     analysis with the unprofiled step time."""

@@ -91,7 +91,7 @@ def test_spans_sit_on_what_they_name(annotated: dict[str, Path], name: str) -> N
 
 def test_claims_add_up_to_each_finding() -> None:
     a = gpuprof.analyze(SAMPLES / "gpt_host_sync.json.gz", cache=False)
-    c = claims(a)
+    c = claims(a, a.ranks)
     assert len(a.findings) and set(c["finding"]) == {f.id for f in a.findings if f.estimated_savings_ms > 0}
     for f in a.findings:
         got = c.loc[c["finding"] == f.id, "saved_us"].sum() / len(a.steps) / 1000.0

@@ -87,10 +87,10 @@ def test_ranks_analysed_apart_match_ranks_in_memory(folder: str, tmp_path: Path,
     memory = gpuprof.analyze(SAMPLES / folder, workers=1, keep_traces=True)
     seen: list[tuple[int, int, str]] = []
     apart = gpuprof.analyze(SAMPLES / folder, workers=2, progress=lambda *a: seen.append(a))
-    assert apart.results is None and memory.results is not None
+    assert apart.frames is None and memory.frames is not None
     assert seen == [(1, 2, "summarised"), (2, 2, "summarised"), (1, 2, "analysed"), (2, 2, "analysed")]
-    one = apart.one_rank(1)  # one rank's frames, loaded alone
-    assert one.results is not None and one.results[0].trace.meta.rank == 1 and "ranks" not in apart.__dict__
+    one = apart.rank(1)  # one rank's frames, loaded alone
+    assert one.trace.meta.rank == 1 and "ranks" not in apart.__dict__
     assert memory.to_dict() == apart.to_dict()
     real = 0.7 * memory.summary["step_time_ms"]
     a = gpuprof.analyze(SAMPLES / folder, workers=1, keep_traces=True, step_ms=real).to_dict()
@@ -136,7 +136,7 @@ def test_dask_local_cluster_on_eight_ranks(tmp_path: Path, monkeypatch: pytest.M
     on_dask = gpuprof.analyze(folder, dask="local", workers=2, cache=False, progress=lambda *a: seen.append(a))
     assert [x for x in seen if x[0] == x[1]] == [(8, 8, "summarised"), (8, 8, "analysed")] and len(seen) == 16
     local = gpuprof.analyze(folder, workers=1, cache=False)
-    assert [p.rank for p in on_dask.parts] == list(range(8)) and on_dask.results is None
+    assert [p.rank for p in on_dask.parts] == list(range(8)) and on_dask.frames is None
     a, b = on_dask.to_dict(), local.to_dict()
     assert a["summary"] == b["summary"] and a["kernels"] == b["kernels"] and a["findings"] == b["findings"]
     assert len(a["summary"]["per_rank"]) == 8
@@ -161,22 +161,22 @@ def test_results_cache_skips_loading_an_unchanged_trace(tmp_path: Path, monkeypa
     src = tmp_path / "t.json.gz"
     src.write_bytes((SAMPLES / "gpt_bf16.json.gz").read_bytes())
     first = gpuprof.analyze(src)
-    assert first.results is not None
+    assert first.frames is not None
     results = tmp_path / "cache" / "results"
-    assert len(list(results.glob("*.msgpack"))) == 1
+    assert len(list(results.glob("*.msgpack"))) == 2  # its part and its findings
     second = gpuprof.analyze(src)
-    assert second.results is None and second.to_dict() == first.to_dict()
+    assert second.frames is None and second.to_dict() == first.to_dict()
     assert len(second.kernels) == len(first.kernels)  # frames still there on demand
     other = gpuprof.analyze(src, step_ms=8.9)  # its real step time (timings/gpt_bf16.json)
-    assert other.results is not None and len(list(results.glob("*.msgpack"))) == 2
+    assert other.frames is not None and len(list(results.glob("*.msgpack"))) == 4
     monkeypatch.setattr(cache, "_CODE_HASH", "edited")
-    assert gpuprof.analyze(src).results is not None  # new code: computed again
+    assert gpuprof.analyze(src).frames is not None  # new code: computed again
     monkeypatch.setattr(cache, "_CODE_HASH", None)
     for f in results.glob("*.msgpack"):
         f.write_bytes(b"\x80garbage")
     again = gpuprof.analyze(src)
-    assert again.results is not None and again.to_dict() == first.to_dict()
-    assert gpuprof.analyze(src).results is None  # replaced by a good entry
+    assert again.frames is not None and again.to_dict() == first.to_dict()
+    assert gpuprof.analyze(src).frames is None  # replaced by a good entry
 
 
 def test_results_cache_for_ranks_apart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -207,14 +207,14 @@ def test_cache_keeps_to_its_size_limit(tmp_path: Path, monkeypatch: pytest.Monke
     a_entry = next(e for e in entries if cache.content_key(files[0]) == e.name)
     b_entry = next(e for e in entries if e != a_entry)
     results = sorted((root / "results").glob("*.msgpack"), key=lambda f: f.stat().st_mtime)
-    a_result, b_result = results  # made in that order
+    a_part, a_found, b_part, b_found = results  # made in that order (each trace's part, then its findings)
     gpuprof.analyze(files[0], step_ms=9.0)  # reads a's frames: a is now used more recently than b
     size = lambda e: sum(f.stat().st_size for f in e.iterdir()) if e.is_dir() else e.stat().st_size
     total = sum(size(e) for e in (root / "frames").iterdir())
     total += sum(size(f) for f in (root / "results").glob("*.msgpack"))
-    gone = cache.prune(root, limit=total - size(a_result) - size(b_entry))
-    assert gone == [a_result, b_entry]  # the two least recently used, oldest first
-    assert a_entry.exists() and b_result.exists() and not b_entry.exists()
+    gone = cache.prune(root, limit=total - size(a_part) - size(a_found) - size(b_entry))
+    assert gone == [a_part, a_found, b_entry]  # the least recently used, oldest first
+    assert a_entry.exists() and b_part.exists() and b_found.exists() and not b_entry.exists()
 
 
 def test_several_slow_ranks_share_the_lost_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -292,8 +292,8 @@ def _results(root: Path) -> list[Path]:
 
 def test_planted_truncated_or_mistyped_results_never_run_and_are_recomputed(tmp_path: Path,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every stored result (here: a real trace's whole result, and a 2-rank run's parts,
-    contributions and cross-rank replay) is replaced by a pickle that would run a command, by a truncated copy, and by
+    """Every stored result (here: a real trace's part and findings, and a 2-rank run's parts,
+    findings and cross-rank replay) is replaced by a pickle that would run a command, by a truncated copy, and by
     valid msgpack of the wrong types: the command never runs, each report equals the first, and the
     entry is rewritten with a good value."""
     import pickle
@@ -312,8 +312,8 @@ def test_planted_truncated_or_mistyped_results_never_run_and_are_recomputed(tmp_
         first = gpuprof.analyze(target, **kw).to_dict()
         entries = [f for f in _results(root) if f not in seen]
         seen.update(entries)
-        # the whole result; or a part and contributions per rank, and the job's cross-rank replay
-        assert len(entries) == (1 if not kw else 5)
+        # a part and findings per rank, and (several ranks) the job's cross-rank replay
+        assert len(entries) == (2 if not kw else 5)
         good = {f: f.read_bytes() for f in entries}
         for bad in (pickle.dumps(_Planted(ran)), None, msgspec.msgpack.encode({"parts": "x", "spec": [1, 2]})):
             for f in entries:
@@ -322,7 +322,7 @@ def test_planted_truncated_or_mistyped_results_never_run_and_are_recomputed(tmp_
             assert not ran.exists()
             assert again.to_dict() == first
             assert {f: f.read_bytes() for f in entries} == good  # recomputed and stored again
-    assert gpuprof.analyze(src).results is None  # the rewritten entry is read: no frames loaded
+    assert gpuprof.analyze(src).frames is None  # the rewritten entry is read: no frames loaded
 
 
 def test_planted_or_mistyped_frames_are_rebuilt(trace: Path) -> None:
@@ -346,31 +346,32 @@ def test_planted_or_mistyped_frames_are_rebuilt(trace: Path) -> None:
 
 def test_results_round_trip_exactly() -> None:
     """Parts (frames of every dtype they hold: str, categorical, float, int, bool), GPU specs and
-    contributions of real traces come back from the codec identical, types included."""
+    a rank's outcome (contributions, claims, replayed figures) of real traces come back from the
+    codec identical, types included."""
     import dataclasses
 
     import gpuprof
-    from gpuprof.analyzers import contributions_in_memory
-    from gpuprof.api import _single_result_type
-    from gpuprof.ranks import PartResult
+    from gpuprof.analyzers import REGISTRY, select
+    from gpuprof.claims import from_records, to_records
+    from gpuprof.jobs import OutcomeRecord, PartResult, analyse_rank
+    from tests.conftest import views
 
     for path in (SAMPLES / "gpt_bf16.json.gz", SAMPLES / "run_gpt_bf16", SAMPLES / "ddp_slow_rank" / "rank1.json.gz"):
         a = gpuprof.analyze(path, cache=False)
-        contribs, _ = contributions_in_memory(a)
-        value = (a.parts, a.spec, contribs, a._replay_figures())  # (the summary's replayed figures too)
-        back = cache.decode(cache.encode(value), _single_result_type())
-        assert cache.same(back, value) and back[3] == a._replay_figures()
-        assert cache.same(cache.decode(cache.encode((*value[:3], None)), _single_result_type()), (*value[:3], None))
-        part = back[0][0]
-        for name in ("steps", "kernels", "collectives"):
-            pd.testing.assert_frame_equal(getattr(part, name), getattr(a.parts[0], name), check_exact=True)
-        assert part.meta == a.parts[0].meta and back[1] == a.spec
-        assert [dataclasses.asdict(c) for c in back[2]] == [dataclasses.asdict(c) for c in contribs]
+        active, _ = select(a.parts, a.spec)
+        o = analyse_rank(views(a)[0], a.parts[0], active, [], alone=True)
+        value = (o.contributions, to_records(o.claims), o.replay_ms, o.figures)
+        back = cache.decode(cache.encode(value), OutcomeRecord)
+        assert cache.same(back, value) and back[2] == a.replay_step_time_ms and back[3] == a.projection
+        claims = from_records(back[1])
+        assert [(c.id, c.kept, c.asked) for c in claims] == [(c.id, c.kept, c.asked) for c in o.claims]
+        assert [dataclasses.asdict(c) for c in back[0]] == [dataclasses.asdict(c) for c in o.contributions]
         one = cache.decode(cache.encode((a.parts[0], a.spec)), PartResult)
         assert cache.same(one, (a.parts[0], a.spec))
-    assert not cache.same([1, 2], (1, 2))  # "exactly" tells a tuple from a list
-    with pytest.raises(Exception):
-        cache.decode(cache.encode({"a": 1}), PartResult)
+        part = one[0]
+        for name in ("steps", "kernels", "collectives"):
+            pd.testing.assert_frame_equal(getattr(part, name), getattr(a.parts[0], name), check_exact=True)
+        assert part.meta == a.parts[0].meta and one[1] == a.spec
 
 
 def test_no_pickle_is_loaded_anywhere() -> None:
@@ -431,7 +432,7 @@ def test_an_empty_or_new_folder_is_marked(tmp_path: Path, monkeypatch: pytest.Mo
             root.mkdir()
         monkeypatch.setenv("GPUPROF_CACHE_DIR", str(root))
         gpuprof.analyze(SAMPLES / "tiny_eager.json.gz")
-        assert (root / cache.MARKER).is_file() and len(cache.entries(root)) == 2
+        assert (root / cache.MARKER).is_file() and len(cache.entries(root)) == 3  # frames, part, findings
 
 
 def test_prune_deletes_only_what_gpuprof_wrote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -442,7 +443,7 @@ def test_prune_deletes_only_what_gpuprof_wrote(tmp_path: Path, monkeypatch: pyte
     root = tmp_path / "scratch"
     monkeypatch.setenv("GPUPROF_CACHE_DIR", str(root))
     gpuprof.analyze(SAMPLES / "tiny_eager.json.gz")
-    assert (root / cache.MARKER).is_file() and len(cache.entries(root)) == 2  # frames and a result
+    assert (root / cache.MARKER).is_file() and len(cache.entries(root)) == 3  # frames, part and findings
     ours = {e for _, _, e in cache.entries(root)}
     _user_data(root)
     mine = sorted(p for p in root.rglob("*") if p.name != cache.MARKER and not any(o in p.parents or o == p for o in ours))

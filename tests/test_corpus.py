@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 import gpuprof
-from gpuprof.analyzers._base import bracket_cost_us, views
-from gpuprof.ranks import event_cost_us
-from tests.conftest import SAMPLES, TraceBuilder
+from gpuprof.hostcost import bracket_cost_us
+from gpuprof.hostcost import event_cost_us
+from tests.conftest import SAMPLES, TraceBuilder, views
 from tests.test_formats import raw_events
 
 PUBLIC = Path(__file__).parents[1] / ".." / "shared" / "traces" / "public"

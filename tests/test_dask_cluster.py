@@ -185,12 +185,12 @@ def test_a_cluster_left_without_workers_fails_with_one_line(ranks: Path, tmp_pat
 def test_a_worker_that_cannot_see_a_trace_names_the_path_and_itself(cluster: Cluster) -> None:
     """Traces must be at the same path on every worker (a shared file system); a path the worker
     cannot open (here one that exists nowhere) is named with the worker that tried."""
-    from gpuprof.api import _Exec
+    from gpuprof.executors import Executor
     from gpuprof.errors import TraceError
-    from gpuprof.ranks import Job, part_job
+    from gpuprof.jobs import Job, part_job
 
     missing = "/nonexistent-on-workers/traces/rank0.json.gz"
-    with _Exec(1, None, cluster.address) as ex, pytest.raises(TraceError) as e:
+    with Executor(1, None, cluster.address) as ex, pytest.raises(TraceError) as e:
         ex.map(part_job, [Job(missing, 0, False)])
     msg = str(e.value)
     assert msg.startswith(f"{missing}: no such file") and "\n" not in msg
@@ -199,13 +199,13 @@ def test_a_worker_that_cannot_see_a_trace_names_the_path_and_itself(cluster: Clu
 
 def test_local_workers_are_capped_at_the_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
     """--workers 32 on 2 CPUs used 5 GB for no speed: at most one process per CPU."""
-    from gpuprof import api
+    from gpuprof import executors
 
-    monkeypatch.setattr(api, "cpu_count", lambda: 2)
+    monkeypatch.setattr(executors, "cpu_count", lambda: 2)
     for asked in (32, None):
-        with api._Exec(64, asked, None) as ex:
+        with executors.Executor(64, asked, None) as ex:
             assert ex.pool is not None and ex.pool._max_workers == 2
-    with api._Exec(64, 1, None) as ex:
+    with executors.Executor(64, 1, None) as ex:
         assert ex.pool is None  # one: in this process
-    with api._Exec(1, 32, None) as ex:
+    with executors.Executor(1, 32, None) as ex:
         assert ex.pool is None  # never more processes than ranks

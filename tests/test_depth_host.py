@@ -13,8 +13,7 @@ import pytest
 
 import gpuprof
 from benchmarks.pairs import realised_ms, step_ms
-from gpuprof.analyzers._base import views as _views
-from tests.conftest import gpu_busy_ms
+from tests.conftest import gpu_busy_ms, views
 from tests.conftest import sample_analysis as analysis
 
 LAUNCH = [("mlp_eager", "mlp_graph"), ("tiny_eager", "tiny_graph"), ("llama_generate_b1", "llama_generate_b1_static")]
@@ -99,7 +98,7 @@ def test_fused_optimizer_replay_removes_the_forloop_host_work(name: str) -> None
     a = analysis(name)
     f = next(x for x in a.findings if x.category == "optimizer_fusion")
     t = a.ranks[0].trace
-    p = fixes.plan(next(iter(_views(a))), [], step_ms(name))
+    p = fixes.plan(views(a)[0], [], step_ms(name))
     assert p is not None
     g = p.graph
     ann = t.annotations

@@ -54,7 +54,7 @@ def test_misaligned_head_dim_padding_copies_go(bad: str, good: str) -> None:
     """gpt.py (head dim 255) and the HF Llama (102): SDPA pads q/k/v to a multiple of 8 and
     autograd un-pads the gradients; the finding claims those copies, no more than the copy
     kernels the aligned twin does not run, and the aligned twin has none."""
-    from gpuprof.analyzers._base import release_views, views
+    from tests.conftest import views
     from gpuprof.analyzers.shape_alignment import head_padding
 
     def copy_ms(name: str) -> float:
@@ -68,10 +68,7 @@ def test_misaligned_head_dim_padding_copies_go(bad: str, good: str) -> None:
     assert 0.5 * (copy_ms(bad) - copy_ms(good)) < pad <= 1.1 * (copy_ms(bad) - copy_ms(good))
     a = analysis(good)
     (v,) = views(a)
-    try:
-        assert head_padding(v).empty
-    finally:
-        release_views(a)
+    assert head_padding(v).empty
 
 
 def test_vocab_pair_keeps_working() -> None:
@@ -221,24 +218,21 @@ def test_memory_format_prices_batch_norm_by_the_measured_layout_table() -> None:
     their roofline; without a table (or a channels-last variant in the trace) they are not claimed."""
     import numpy as np
     from gpuprof.analyzers import memory_format
-    from gpuprof.analyzers._base import release_views, views
+    from tests.conftest import views
 
     a = analysis("resnet50_bf16_nchw")
     (v,) = views(a)
-    try:
-        xf, slow, fast = memory_format.nchw_parts(v)
-        assert len(xf) and len(slow) and fast.empty
-        _, base, _, how0 = memory_format.nchw_savings(v, ratios={})
-        assert base[len(xf):].sum() == 0 and "not claimed" in how0
-        ratios = {"bf16": (np.log2([[64.0, 1e5], [2048.0, 1e9]]), np.array([0.45, 0.45]))}
-        _, saved, _, how = memory_format.nchw_savings(v, ratios=ratios)
-        bn = slow["name"].astype(str).str.contains("batch_norm").to_numpy()
-        got = saved[len(xf):]
-        cap = np.clip(slow["dur"] - slow["t_roof_us"].fillna(0), 0, None).to_numpy()
-        assert np.all(got <= cap + 1e-6) and got[bn].sum() > 0.4 * slow["dur"].to_numpy()[bn].sum()
-        assert "layout_table" in how
-    finally:
-        release_views(a)
+    xf, slow, fast = memory_format.nchw_parts(v)
+    assert len(xf) and len(slow) and fast.empty
+    _, base, _, how0 = memory_format.nchw_savings(v, ratios={})
+    assert base[len(xf):].sum() == 0 and "not claimed" in how0
+    ratios = {"bf16": (np.log2([[64.0, 1e5], [2048.0, 1e9]]), np.array([0.45, 0.45]))}
+    _, saved, _, how = memory_format.nchw_savings(v, ratios=ratios)
+    bn = slow["name"].astype(str).str.contains("batch_norm").to_numpy()
+    got = saved[len(xf):]
+    cap = np.clip(slow["dur"] - slow["t_roof_us"].fillna(0), 0, None).to_numpy()
+    assert np.all(got <= cap + 1e-6) and got[bn].sum() > 0.4 * slow["dur"].to_numpy()[bn].sum()
+    assert "layout_table" in how
     if memory_format.layout_ratios() is None:
         f = finding("resnet50_bf16_nchw", "memory_format")
         assert f is not None and "not claimed" in f.evidence["nchw_kernels_priced"]

@@ -7,9 +7,10 @@ import pytest
 
 import gpuprof
 from benchmarks.pairs import step_ms, step_noise_ms
-from gpuprof.analyzers._base import bracket_cost_us
+from gpuprof.hostcost import bracket_cost_us
+from gpuprof import pricing
 from gpuprof.replay import build, fixes, host_bounds, run, steady_ms
-from gpuprof.ranks import load_trace_cached
+from gpuprof.jobs import load_trace_cached
 from tests.conftest import SAMPLES
 
 #: structurally different defects: syncs + launches + fusion; allocator off; a checkpoint stall
@@ -62,7 +63,7 @@ def test_each_finding_carries_its_replay(analysed: tuple[str, gpuprof.Analysis])
     for f in a.findings:
         e = f.evidence
         if e.get("estimate") == "replay":
-            assert f.category in fixes.REPLAY_USED
+            assert f.category in pricing.REPLAY_USED
             saved = e["replay_before_ms"] - e["replay_after_ms"]
             saved *= step / e["replay_before_ms"]
             if "replay_saving_bounds_ms" in e:  # the host is not identified: the middle of its bounds
@@ -72,8 +73,8 @@ def test_each_finding_carries_its_replay(analysed: tuple[str, gpuprof.Analysis])
             assert f.estimated_savings_ms == pytest.approx(saved, abs=2e-3)
         elif "replay_before_ms" in e:
             assert e["replay_not_used"]
-        if f.category in fixes.REPLAY_USED and f.estimated_savings_ms > 0:
-            assert e.get("estimate") == "replay" or e["replay_not_used"] == fixes.NO_GRAPH_WHY
+        if f.category in pricing.REPLAY_USED and f.estimated_savings_ms > 0:
+            assert e.get("estimate") == "replay" or e["replay_not_used"] == pricing.NO_GRAPH_WHY
 
 
 PUBLIC = SAMPLES.parents[1] / ".." / "shared" / "traces" / "public" / "tracelens"
@@ -97,7 +98,7 @@ def test_host_fixes_replay_the_stalls_of_real_rocm_traces(trace: str, category: 
     ev = f.evidence
     # bare traces: a host-side fix keeps its deflated gaps as the estimate and says why; the replay
     # of the fix stays in the evidence and must remove the same share
-    from gpuprof.replay.fixes import BARE_HOST_WHY
+    from gpuprof.pricing import BARE_HOST_WHY
 
     assert ev.get("estimate") == "replay" or ev.get("replay_not_used") == BARE_HOST_WHY, ev
     assert (ev["replay_before_ms"] - ev["replay_after_ms"]) >= share * ev["replay_before_ms"]

@@ -335,7 +335,7 @@ def test_comm_patterns_and_call_names() -> None:
     assert names.call_kind("cudaLaunchKernel_ptsz") == names.call_kind("hipExtModuleLaunchKernel") == "launch"
     assert names.call_kind("hipMemcpyWithStream") == "sync" and names.call_kind("hipMemcpyAsync") == "other"
     assert names.call_kind("hipStreamGetCaptureInfo") == "other"
-    from gpuprof.analyzers._base import SYNC_CALLS
+    from gpuprof.trace.names import SYNC_CALLS
     assert SYNC_CALLS is names.SYNC_CALLS
 
 

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import gpuprof
-from gpuprof.analyzers._base import covered, graph_capture_calls, outermost_aten, views
+from gpuprof.idle import covered, graph_capture_calls, outermost_aten
 from gpuprof.analyzers.attention_fusion import _causal_evidence
-from tests.conftest import SAMPLES, TraceBuilder
+from tests.conftest import SAMPLES, TraceBuilder, views
 
 PUBLIC = Path(__file__).parents[1] / ".." / "shared" / "traces" / "public"
 
@@ -152,8 +152,8 @@ def test_host_sync_names_the_syncing_op() -> None:
     28,000 scalar lookups) is measured per analyzer by benchmarks/stages.py, not by a timed test."""
     a = gpuprof.analyze(SAMPLES / "gpt_host_sync.json.gz", analyzers=[])
     from gpuprof.analyzers import host_gaps
-    views(a)
-    c = host_gaps.host_sync(a)
+    (v,) = views(a)
+    c = host_gaps.host_sync(v)
     assert next(iter(c[0].evidence["syncing_ops"])) == "aten::item"
 
 

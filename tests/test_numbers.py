@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import gpuprof
-from gpuprof.analyzers import LOW_CONFIDENCE_WEIGHT, NEGLIGIBLE_PCT, RANKING, split_notes
+from gpuprof.claims import LOW_CONFIDENCE_WEIGHT, NEGLIGIBLE_PCT, RANKING, split_notes
 from gpuprof.findings import Finding
 from gpuprof.roofline import MODEL_ERROR_PCT, classify
 from gpuprof.specs import resolve
@@ -148,7 +148,7 @@ def test_run_folder_with_an_impossible_recorded_step_time_is_reported_and_not_us
 
 
 def test_every_recorded_run_folder_step_time_used_is_possible() -> None:
-    from gpuprof.api import WORK_TOLERANCE, work_ms_per_step
+    from gpuprof.steptime import WORK_TOLERANCE, work_ms_per_step
 
     for run in sorted(p for p in SAMPLES.glob("run_*") if p.is_dir()):
         a = gpuprof.analyze(run)

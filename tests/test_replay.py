@@ -13,8 +13,8 @@ import pytest
 
 from benchmarks import replay_accuracy
 from benchmarks.pairs import realised_noise_ms, step_ms
-from gpuprof.ranks import load_trace_cached
-from gpuprof.analyzers._base import bracket_cost_us
+from gpuprof.jobs import load_trace_cached
+from gpuprof.hostcost import bracket_cost_us
 from gpuprof.replay import build, calibrate, deflate, host_bounds, host_only, replay, run, steady_ms, what_if
 from gpuprof.replay import transforms as tf
 from gpuprof.replay.simulate import _scan

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from benchmarks import host_regions
-from gpuprof.analyzers._base import bracket_cost_us
+from gpuprof.hostcost import bracket_cost_us
 from gpuprof.replay import build, calibrate, deflate, host_bounds, host_speed, run, steady_ms
-from gpuprof.ranks import load_trace_cached
+from gpuprof.jobs import load_trace_cached
 from gpuprof.trace.load import load_trace
 from tests.conftest import SAMPLES, TraceBuilder
 

@@ -1,4 +1,4 @@
-"""The cross-rank replay (gpuprof.replay.ranks): every rank of each real multi-rank trace replays to
+"""The cross-rank replay (gpuprof.replay.job): every rank of each real multi-rank trace replays to
 its own traced step time; a collective couples the ranks, so a slow rank's extra host time is the
 others' wait and cutting it shortens their steps (a synthetic two-rank job built in code, said so
 where used); the analysis carries the cross-rank fixes' replay and what_if works on several ranks."""
@@ -12,9 +12,9 @@ import pytest
 
 import gpuprof
 from benchmarks.pairs import step_ms
-from gpuprof.ranks import load_trace_cached
+from gpuprof.jobs import load_trace_cached
 from gpuprof.replay import run
-from gpuprof.replay.ranks import build_job, comm_in_steps, cross_fix, job, rank_graph, rebalance, slowest_ms
+from gpuprof.replay.job import build_job, comm_in_steps, cross_fix, job, rank_graph, rebalance, slowest_ms
 from gpuprof.trace.load import load_trace
 from gpuprof.trace.model import RankTrace
 from tests.conftest import SAMPLES, TraceBuilder
@@ -176,10 +176,10 @@ def test_rebalance_is_at_least_as_close_as_the_arithmetic(slow_rank: gpuprof.Ana
     Cutting the slow rank's extra stretches to the median rank's longest gap (round three) gave
     38.81 ms (-14 %), further than the arithmetic's 50.61 (+12 %): the busy loop, split in two by
     the NCCL watchdog thread's calls, kept that gap once per piece."""
-    from gpuprof.analyzers import distributed
+    from gpuprof import pricing
 
     (f,) = [f for f in slow_rank.findings if f.category == "rank_imbalance"]
-    monkeypatch.setattr(distributed, "REPLAY_USED", frozenset({"exposed_communication"}))
+    monkeypatch.setattr(pricing, "CROSS_REPLAY_USED", frozenset({"exposed_communication"}))
     arith = gpuprof.analyze(str(SAMPLES / "ddp_slow_rank"), step_ms=step_ms("ddp_slow_rank"), workers=1, cache=False)
     (g,) = [g for g in arith.findings if g.category == "rank_imbalance"]
     assert g.evidence["estimate"] != "replay"
@@ -218,7 +218,7 @@ def test_summary_of_several_ranks_replays_and_projects(slow_rank: gpuprof.Analys
     assert w["before_ms"] == pytest.approx(s["projected_from_ms"], rel=1e-9)
     assert s["projected_step_time_ms"] < s["projected_from_ms"] == pytest.approx(step_ms("ddp_slow_rank"), rel=0.03)
     apart = gpuprof.analyze(str(SAMPLES / "ddp_slow_rank"), step_ms=step_ms("ddp_slow_rank"), workers=2, cache=False)
-    assert apart.frames is None and apart.rank_replay_ms is not None
+    assert apart.frames is None and apart.replay_step_time_ms is not None
     t = apart.summary
     for k in ("replay_step_time_ms", "projected_step_time_ms", "projected_from_ms"):
         assert t[k] == pytest.approx(s[k], rel=1e-9), k
@@ -234,15 +234,15 @@ def test_a_late_window_is_no_imbalance(name: str, monkeypatch: pytest.MonkeyPatc
     folder = PUBLIC / PUBLIC_JOBS[name]
     if not folder.is_dir():
         pytest.skip(f"public corpus not present ({folder})")
-    from gpuprof.analyzers import distributed
-    from gpuprof.replay.ranks import host_per_step
+    from gpuprof import pricing
+    from gpuprof.replay.job import host_per_step
 
     ts = _traces(folder, "*.json")
     per = host_per_step(build_job(ts))
     assert abs(per[0] / per[1] - 1) < 0.01
     a = gpuprof.analyze(str(folder), workers=1, cache=False)
     assert "rank_imbalance" not in [f.category for f in a.findings + a.notes]
-    monkeypatch.setattr(distributed, "REPLAY_USED", frozenset({"exposed_communication"}))
+    monkeypatch.setattr(pricing, "CROSS_REPLAY_USED", frozenset({"exposed_communication"}))
     arith = gpuprof.analyze(str(folder), workers=1, cache=False)
     (f,) = [f for f in arith.findings if f.category == "rank_imbalance"]
     offset_ms = abs(ts[0].meta.t0_epoch_ns - ts[1].meta.t0_epoch_ns) / 1e6
@@ -269,9 +269,9 @@ def test_eight_ranks_of_100k_kernels_replay_to_their_steps() -> None:
 
 
 def test_a_job_too_big_for_one_process_keeps_the_arithmetic(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpuprof.analyzers import distributed
+    from gpuprof import pricing
 
-    monkeypatch.setattr(distributed, "JOB_REPLAY_MAX_EVENTS", 1)
+    monkeypatch.setattr(pricing, "JOB_REPLAY_MAX_EVENTS", 1)
     a = gpuprof.analyze(str(SAMPLES / "ddp_manual_allreduce"), step_ms=step_ms("ddp_manual_allreduce"), workers=1,
                         cache=False)
     (f,) = [f for f in a.findings if f.category == "exposed_communication"]

@@ -85,19 +85,19 @@ def _count(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[int]
 
 @pytest.mark.parametrize("name", ["gpt_host_sync.json.gz", "vision_pinned.json.gz", "ddp_slow_rank"])
 def test_views_claims_come_from_the_first_analysis(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The claims the views draw are those the analysis made (no second run of the analyzers),
-    and equal what running the analyzers again gives."""
-    import gpuprof.analyzers as analyzers
+    """The claims the views draw are those the analysis made and kept (no second run of the
+    analyzers), in this process and where the ranks were analysed in worker processes alike."""
+    import gpuprof.jobs as jobs
     from gpuprof import views
 
     a = gpuprof.analyze(SAMPLES / name, cache=False, keep_traces=True)
-    assert a.findings
-    reruns = _count(monkeypatch, analyzers, "select")
-    kept = views.claims(a)
+    apart = gpuprof.analyze(SAMPLES / name, cache=False, workers=2)
+    assert a.findings and all(a.claims)
+    reruns = _count(monkeypatch, jobs, "analyse_rank")
+    kept = views.claims(a, a.ranks)
+    again = views.claims(apart, apart.ranks)  # claims made in another process, sent back with the findings
+    a.views_detail(), apart.views_detail()
     assert reruns[0] == 0 and len(kept)
-    views._KEPT.clear()  # as when the analysis ran elsewhere (workers, results cache)
-    again = views.claims(a)
-    assert reruns[0] >= 1
     assert kept.equals(again)
 
 
@@ -106,7 +106,7 @@ def test_an_impossible_recorded_step_time_is_dropped_in_one_pass(tmp_path: Path,
     """SYNTHETIC manifest on a real run (as tests/test_numbers.py): 5.05 ms recorded where the
     kernels alone take ~10.2 ms per step. The analyzers run once, and the report equals the
     run folder's without any recorded step time (the notice aside)."""
-    import gpuprof.analyzers as analyzers
+    import gpuprof.jobs as jobs
 
     def run_with(step: float | None) -> Path:
         run = tmp_path / f"run-{step}"
@@ -119,7 +119,7 @@ def test_an_impossible_recorded_step_time_is_dropped_in_one_pass(tmp_path: Path,
         (run / "manifest.json").write_text(json.dumps(m))
         return run
 
-    calls = _count(monkeypatch, analyzers, "rank_contributions")
+    calls = _count(monkeypatch, jobs, "analyse_rank")
     bad = gpuprof.analyze(run_with(5.05), cache=False)
     assert calls[0] == 1 and any("5.05 ms" in n and "not used" in n for n in bad.notices)
     none = gpuprof.analyze(run_with(None), cache=False)
@@ -141,32 +141,33 @@ def test_a_small_job_of_ranks_is_analysed_in_process_each_rank_loaded_once(folde
     two worker processes, where each pass loads the rank again."""
     import concurrent.futures
 
-    import gpuprof.analyzers.distributed as distributed
-    import gpuprof.api as api
-    import gpuprof.ranks as ranks
+    import gpuprof.jobs as jobs
+    import gpuprof.pipeline as pipeline
     from gpuprof import views
+    from gpuprof.executors import IN_PROCESS_MAX_BYTES, job_bytes
+    from gpuprof.runfolder import find_traces
 
     path = SAMPLES / folder
     real = 0.7 * gpuprof.analyze(path, cache=False).summary["step_time_ms"]
     apart = gpuprof.analyze(path, cache=False, workers=2, step_ms=real)
     pooled = apart.to_dict()
-    views.claims(apart), apart.views_detail()  # (loads the ranks again, before the pool is refused)
-    assert api.job_bytes(api.find_traces([path])) <= api.IN_PROCESS_MAX_BYTES
+    views.claims(apart, apart.ranks), apart.views_detail()  # (loads the ranks again, before the pool is refused)
+    assert job_bytes(find_traces([path])) <= IN_PROCESS_MAX_BYTES
 
     def no_pool(*a: Any, **k: Any) -> Any:
         raise AssertionError("a worker process was started")
 
     monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", no_pool)
-    loads = _count(monkeypatch, ranks, "load_trace_cached")
-    graphs = _count(monkeypatch, api, "graph_job")
-    contributions = _count(monkeypatch, api, "findings_job")
+    loads = _count(monkeypatch, jobs, "load_trace_cached")
+    graphs = _count(monkeypatch, pipeline, "graph_job")
+    analysed = _count(monkeypatch, pipeline, "rank_job")
     here = gpuprof.analyze(path, cache=False, step_ms=real)
-    assert loads[0] == 2 and graphs[0] == 2 and contributions[0] == 2
+    assert loads[0] == 2 and graphs[0] == 2 and analysed[0] == 2
     assert here.to_dict() == pooled and pooled["findings"]
     # the views read the frames the analysis loaded, and the claims it kept with them
-    want = views.claims(apart)
-    plans = _count(monkeypatch, distributed, "plan")  # what claims() runs where no claims were kept
-    assert views.claims(here).equals(want) and plans[0] == 0
+    want = views.claims(apart, apart.ranks)
+    reruns = _count(monkeypatch, jobs, "analyse_rank")
+    assert views.claims(here, here.ranks).equals(want) and reruns[0] == 0
     assert here.views_detail() == apart.views_detail() and loads[0] == 2
 
 

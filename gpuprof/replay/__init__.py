@@ -1,93 +1,39 @@
-"""What-if replay: rebuild a job's dependency graph from its traces and replay it (issue #13).
+"""What-if replay: rebuild a job's dependency graph from its traces and replay it.
 
-``replay(x)`` builds the graph of a trace (or a rank result, an Analysis, or several ranks of one
-job: :func:`gpuprof.replay.graph.build`), replays it (:func:`gpuprof.replay.simulate.simulate`)
-and returns the step times. ``what_if(graph, transforms)`` replays a graph before and after a
-list of transformations (:mod:`gpuprof.replay.transforms`), which is how a fix is priced.
-Under the profiler the host runs slower than without it; before a fix is priced the host is
-taken back to the unprofiled one (:func:`host_bounds`: the trace's own bookkeeping cost per
-recorded event, :func:`deflate`, then one host-speed factor, :func:`host_speed`).
-See docs/replay.md.
+:func:`build` makes the graph of a trace, or of several ranks of one job
+(:func:`gpuprof.replay.graph.build`, :func:`gpuprof.replay.job.build_job`); :func:`replay`
+replays it (:mod:`gpuprof.replay.run`) and returns the step times; ``what_if(graph, transforms)``
+replays a graph before and after a list of transformations (:mod:`gpuprof.replay.transforms`),
+which is how a fix is priced (:mod:`gpuprof.replay.fixes`, :mod:`gpuprof.pricing`). The
+unprofiled host is modelled in :mod:`gpuprof.replay.host`. See docs/replay.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Union
+from collections.abc import Sequence
+from typing import Any
 
-import numpy as np
-
-from gpuprof.replay.graph import Graph, build
-from gpuprof.replay.simulate import Times, simulate, step_windows
-from gpuprof.replay.transforms import deflate, shrink_host, shrink_tail
+from gpuprof.replay import graph as _graph
+from gpuprof.replay.graph import Graph
+from gpuprof.replay.host import HOST_SEEN, HostBounds, calibrate, host_bounds, host_speed, largest_speed
+from gpuprof.replay.job import build_job
+from gpuprof.replay.run import Replayed, Transform, WhatIf, host_only, run, steady_ms, traces_of, what_if
+from gpuprof.replay.simulate import Times, simulate
+from gpuprof.replay.transforms import deflate
 from gpuprof.trace.model import RankTrace
 
-if TYPE_CHECKING:
-    from gpuprof.api import Analysis
-    from gpuprof.ranks import RankResult
 
-Transform = Callable[[Graph], Graph]
-Source = Union["Analysis", "RankResult", RankTrace, Sequence[Union["RankResult", RankTrace]]]
-
-
-@dataclass(frozen=True)
-class Replayed:
-    """A replay's outcome: per-rank mean step time (ms) and each step's time (ms), in
-    ``graph.ranks`` order; ``step_time_ms`` is their mean over ranks, as in the summary."""
-
-    graph: Graph
-    times: Times
-    rank_step_ms: tuple[float, ...]
-    steps_ms: tuple[tuple[float, ...], ...]
-    rank_period_ms: tuple[float, ...]
-
-    @property
-    def step_time_ms(self) -> float:
-        """Mean step time by the trace model's step windows (what ``summary.step_time_ms`` is)."""
-        ok = [x for x in self.rank_step_ms if np.isfinite(x)]
-        return float(np.mean(ok)) if ok else float("nan")
-
-    @property
-    def period_ms(self) -> float:
-        """Steady-state step time: the mean time between consecutive step ends (the step time
-        itself with one step). What a fix is priced on: a step window's start moves with the
-        host, so with a faster host the first window can open earlier and read longer, while
-        the steps still finish no sooner; the period between ends has no such artefact."""
-        ok = [x for x in self.rank_period_ms if np.isfinite(x)]
-        return float(np.mean(ok)) if ok else float("nan")
+def build(traces: Sequence[RankTrace]) -> Graph:
+    """The dependency graph of one job from its ranks' traces: one trace's alone
+    (:func:`gpuprof.replay.graph.build`), several ranks' each built alone and joined, collectives
+    matched across ranks (:func:`gpuprof.replay.job.build_job`)."""
+    return build_job(traces) if len(traces) > 1 else _graph.build(traces)
 
 
-def traces_of(x: Any) -> list[RankTrace]:
-    """The rank traces of an Analysis, a RankResult, a RankTrace or a sequence of them."""
-    if isinstance(x, RankTrace):
-        return [x]
-    if hasattr(x, "ranks") and hasattr(x, "parts"):  # an Analysis
-        return [r.trace for r in x.ranks]
-    if hasattr(x, "trace") and isinstance(x.trace, RankTrace):  # a RankResult
-        return [x.trace]
-    return [t for item in x for t in traces_of(item)]
-
-
-def run(g: Graph) -> Replayed:
-    """Replay ``g`` and measure its steps."""
-    t = simulate(g)
-    start, end = step_windows(g, t)
-    per_rank, steps, period = [], [], []
-    for i in range(len(g.ranks)):
-        d = (end - start)[g.s_rank == i] / 1000.0
-        ends = end[g.s_rank == i]
-        ends = ends[np.isfinite(ends)]
-        d = d[np.isfinite(d)]
-        per_rank.append(float(d.mean()) if len(d) else float("nan"))
-        steps.append(tuple(float(x) for x in d))
-        period.append(float(np.diff(ends).mean()) / 1000.0 if len(ends) > 1 else per_rank[-1])
-    return Replayed(g, t, tuple(per_rank), tuple(steps), tuple(period))
-
-
-def replay(x: Source, transforms: Sequence[Transform] = (), event_cost_us: float = 0.0) -> Replayed:
-    """Replay a trace (or a job's ranks) as recorded, or after ``transforms``. With
-    ``event_cost_us`` the profiler's cost per recorded host event is first taken out."""
+def replay(x: Any, transforms: Sequence[Transform] = (), event_cost_us: float = 0.0) -> Replayed:
+    """Replay a trace (or a job's ranks: a RankResult, an analysis, a sequence of them) as
+    recorded, or after ``transforms``. With ``event_cost_us`` the profiler's cost per recorded
+    host event is first taken out."""
     g = build(traces_of(x))
     if event_cost_us > 0:
         g = deflate(g, event_cost_us)
@@ -96,196 +42,6 @@ def replay(x: Source, transforms: Sequence[Transform] = (), event_cost_us: float
     return run(g)
 
 
-def host_only(g: Graph) -> Graph:
-    """``g`` with every GPU activity taking no time, so no call waits for one (a sync, a full
-    launch queue): what the host alone allows per step. Without the GPU-to-host edges it replays
-    in one pass; the syncs' round trips it leaves out keep it a floor."""
-    return replace(g, a_dur=np.zeros_like(g.a_dur), h_wait=np.full_like(g.h_wait, -1),
-                   h_bp=np.full_like(g.h_bp, -1))
-
-
-def steady_ms(g: Graph) -> float:
-    """Steady-state step time (ms): the replayed period (:attr:`Replayed.period_ms`), and never
-    less than the host's own time per step (the period of :func:`host_only`). A trace holds a few
-    steps, and the host can enter them ahead of the GPU by work it launched before the window
-    (gpt_fp32: the GPU is still busy with 77 ms of earlier steps when the host has launched all
-    three profiled ones). A replay whose GPU work got faster spends that lead and reads the host as
-    free; a loop of such steps cannot, since each step needs its host work done before its last
-    launch. On the unchanged traces the period is the longer of the two (the host kept up)."""
-    period = run(g).period_ms
-    host = run(host_only(g)).period_ms
-    return max(period, host) if np.isfinite(host) else period
-
-
-#: Within this share of the unprofiled step, a replay at the GPU's own floor is the measured step:
-#: the replay's own tolerance on unchanged traces (docs/replay.md), so a host that holds the step
-#: up by less is not measured by the step time.
-HOST_SEEN = 0.03
-
-
-def _top_cost(g: Graph) -> float:
-    """A cost per recorded event that takes every host gap and call out (the host gone)."""
-    busy = np.maximum(g.h_gap, 0.0) + g.h_dur
-    return float((busy / np.maximum(g.h_events, 1)).max()) if len(busy) else 0.0
-
-
-def _bisect(measure: Callable[[float], float], lo: float, hi: float, target_ms: float, rising: bool, tol: float,
-            max_iter: int, narrow: Callable[[float, float], bool], early: bool = True) -> float:
-    """The end of ``[lo, hi]`` nearest the edge of the values ``x`` whose replay ``measure(x)`` is
-    no slower than ``target_ms``, by bisection: ``measure`` rises with ``x`` (``rising``: the largest
-    such ``x``, ``lo``) or falls with it (the smallest, ``hi``). Stops once ``narrow(lo, hi)``, or
-    (``early``) at a replay within ``tol`` of the target."""
-    for _ in range(max_iter):
-        if narrow(lo, hi):
-            break
-        mid = 0.5 * (lo + hi)
-        got = measure(mid)
-        if (got > target_ms) != rising:
-            lo = mid
-        else:
-            hi = mid
-        if got <= target_ms and early and got >= target_ms * (1 - tol):
-            break
-    return lo if rising else hi
-
-
-def _smallest_cost(g: Graph, target_ms: float, measure: Callable[[Graph], float], top: float, start: float,
-                   tol: float, max_iter: int, floor: bool = False) -> float:
-    """The smallest cost per recorded host event whose replay (``measure``) is no slower than
-    ``target_ms``, by bisection (the replayed step only falls as the cost grows), bracketed from
-    ``start`` doubling as needed; ``top`` when none below it is. A replay within ``tol`` of the
-    target ends the search, except where the target is the GPU's ``floor``: every cost above the
-    smallest replays that too."""
-    hi = min(top, start or top)
-    lo = 0.0
-    while hi < top and measure(deflate(g, hi)) > target_ms:
-        lo, hi = hi, min(2 * hi, top)
-    return _bisect(lambda c: measure(deflate(g, c)), lo, hi, target_ms, False, tol, max_iter,
-                   lambda a, b: b - a <= 1e-3 * b, early=not floor)
-
-
-def calibrate(g: Graph, real_step_ms: float, tol: float = 0.002, max_iter: int = 40) -> float:
-    """The profiler's cost per recorded host event (µs): the smallest that makes the replayed
-    steady-state step (:attr:`Replayed.period_ms`, what the unprofiled timing measures and what
-    fixes are priced on) take the step time measured without the profiler (``real_step_ms``),
-    found by bisection (the replayed step only falls as the cost grows); 0 when the traced replay
-    is already no slower although the host holds it up.
-
-    Only where the host held the real step up does the step time measure the host: when even a
-    host of no cost replays within ``HOST_SEEN`` of ``real_step_ms`` (the GPU sets the step), every
-    cost from the smallest up replays the measured step. This returns the largest cost per event
-    in the trace there (the host taken out); one rank's fixes are priced between that and the
-    host floor (:func:`host_bounds`); the cross-rank replay (``gpuprof.replay.ranks.job``) uses
-    this figure."""
-    top = _top_cost(g)
-    floor = run(deflate(g, top)).period_ms
-    if floor >= real_step_ms * (1 - HOST_SEEN):
-        return top
-    base = run(g).period_ms
-    if not base > real_step_ms * (1 + tol):
-        return 0.0
-    # bracket from the mean cost per event (it takes the host out on average)
-    busy = np.maximum(g.h_gap, 0.0) + g.h_dur
-    mean = float(busy.sum() / max(float(g.h_events.sum()), 1.0))
-    return _smallest_cost(g, real_step_ms, lambda x: run(x).period_ms, top, mean, tol, max_iter)
-
-
-def host_speed(g: Graph, s: float) -> Graph:
-    """``g`` with every host span (the gaps, the calls, a waiting call's return after the GPU work
-    it waited for) ``s`` × as long: the host run ``1 / s`` × as fast. A call's wait for the GPU is
-    untouched."""
-    if s == 1.0:
-        return g
-    every = np.ones(g.n_host, dtype=bool)
-    return shrink_tail(shrink_host(g, every, s), every, s)
-
-
-def largest_speed(g: Graph, target_ms: float, tol: float = 0.002, max_iter: int = 40) -> float:
-    """The largest host-speed factor ``s`` in (0, 1] whose steady step (:func:`steady_ms` of
-    :func:`host_speed`) is no slower than ``target_ms``, by bisection (the step only falls as
-    ``s`` does); a replay within ``tol`` of the target ends the search."""
-    return _bisect(lambda s: steady_ms(host_speed(g, s)), 0.0, 1.0, target_ms, True, tol, max_iter,
-                   lambda a, b: b - a <= 1e-4)
-
-
-@dataclass(frozen=True)
-class HostBounds:
-    """What a trace says about the unprofiled host: ``floor_us``, the profiler's cost per recorded
-    event taken out first (its bookkeeping), and ``speed``, the factor on all host time left after
-    it (1: none), together the slowest host the evidence allows (the identified host where the real
-    step measures it); ``identified`` whether that is the host (else the fastest host the evidence
-    allows is no host at all, and the unprofiled host lies between)."""
-
-    floor_us: float
-    identified: bool
-    speed: float = 1.0
-
-    def apply(self, g: Graph) -> Graph:
-        """``g`` with this host: deflated by ``floor_us`` per event, then ``speed`` × as long."""
-        return host_speed(deflate(g, self.floor_us) if self.floor_us > 0 else g, self.speed)
-
-
-def host_bounds(g: Graph, real_step_ms: float | None, bracket_us: float, tol: float = 0.002,
-                max_iter: int = 40) -> HostBounds:
-    """The host floor of ``g`` (see :class:`HostBounds`), on the steady-state step
-    (:func:`steady_ms`), from the trace's own evidence:
-
-    * the unprofiled step holds the host up (a host of no cost replays faster than it by more than
-      ``HOST_SEEN``): the host is identified as ``bracket_us`` per recorded event (the trace's own
-      measure of the profiler's bookkeeping per event: ``analyzers._base.bracket_cost_us``) and one
-      speed factor on all host time left, the largest that replays the real step. Measured region
-      by region (sample_traces/regions, ``python -m benchmarks.host_regions``), the profiler slows
-      the Python and dispatch work of a host-bound step about 2x whatever its events per ms (1.7-10
-      µs per event between regions of one step), while a few large C++ calls barely slow: one cost
-      per event had put the whole slowdown on event-dense work (backward replayed 44 % too fast in
-      two_sync_forloop, the norm loop 65 % too slow). Where the bracket alone already replays
-      faster than the real step, the smallest cost per event that replays it (no speed factor);
-    * the GPU sets the unprofiled step: the host kept up with the GPU, so the cost is at least the
-      smallest that replays no slower than the real step (the host pinned at the GPU's speed), and
-      at least ``bracket_us``. The larger is the floor: the real host is at least that fast, maybe
-      faster;
-    * no unprofiled step: ``bracket_us`` is the only evidence, a floor as above."""
-    if not real_step_ms:
-        return HostBounds(bracket_us, False)
-    top = _top_cost(g)
-    free = steady_ms(deflate(g, top))
-    busy = np.maximum(g.h_gap, 0.0) + g.h_dur
-    mean = float(busy.sum() / max(float(g.h_events.sum()), 1.0))
-    if free < real_step_ms * (1 - HOST_SEEN):
-        if not steady_ms(g) > real_step_ms * (1 + tol):
-            return HostBounds(0.0, True)
-        base = deflate(g, bracket_us) if bracket_us > 0 else g
-        if steady_ms(base) <= real_step_ms * (1 + tol):
-            return HostBounds(_smallest_cost(g, real_step_ms, steady_ms, top, mean, tol, max_iter), True)
-        return HostBounds(bracket_us, True, largest_speed(base, real_step_ms, tol, max_iter))
-    # the host-free replay can read a little slower than the real step (the replay's own error):
-    # the host kept up when it replays no slower than that
-    target = max(real_step_ms, free) * (1 + tol)
-    kept_up = (0.0 if steady_ms(g) <= target
-               else _smallest_cost(g, target, steady_ms, top, mean, tol, max_iter, floor=True))
-    return HostBounds(max(kept_up, bracket_us), False)
-
-
-@dataclass(frozen=True)
-class WhatIf:
-    """Steady-state step time (:attr:`Replayed.period_ms`) before and after a set of changes."""
-
-    before_ms: float
-    after_ms: float
-
-    @property
-    def saving_ms(self) -> float:
-        return self.before_ms - self.after_ms
-
-
-def what_if(g: Graph, transforms: Sequence[Transform]) -> WhatIf:
-    """Step time of ``g`` replayed as it is and after all ``transforms`` applied together (the
-    hook a finding's fix plugs into: its saving is ``before − after``)."""
-    after = g
-    for f in transforms:
-        after = f(after)
-    return WhatIf(run(g).period_ms, run(after).period_ms)
-
-
-__all__ = ["Graph", "HostBounds", "Replayed", "Times", "Transform", "WhatIf", "build", "calibrate", "deflate", "host_bounds",
-           "host_only", "host_speed", "largest_speed", "replay", "run", "simulate", "steady_ms", "traces_of", "what_if"]
+__all__ = ["HOST_SEEN", "Graph", "HostBounds", "Replayed", "Times", "Transform", "WhatIf", "build", "calibrate",
+           "deflate", "host_bounds", "host_only", "host_speed", "largest_speed", "replay", "run", "simulate",
+           "steady_ms", "traces_of", "what_if"]

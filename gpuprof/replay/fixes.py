@@ -1,9 +1,9 @@
-"""A finding's fix as replay transformations, priced on the rank's dependency graph (issue #13).
+"""A finding's fix as replay transformations on the rank's dependency graph (:class:`Plan`).
 
 Every candidate finding already says what it removes: its claim ``units``
-(:mod:`gpuprof.analyzers._base`), each with the µs it saves there, and its category. This module
-turns those units into :mod:`gpuprof.replay.transforms`; the analyzers no longer add them up for
-the categories in ``REPLAY_USED``: the step replayed with and without the fix is the saving.
+(:mod:`gpuprof.claims`), each with the µs it saves there, and its category. This module turns
+those units into :mod:`gpuprof.replay.transforms`; :mod:`gpuprof.pricing` replays the plan with
+and without each fix and decides what each finding's estimate is.
 
 * kernel units ``("k", rank, row)``: that kernel runs ``(dur − saved) / dur`` as long; one the fix
   does away with (``saved >= dur``: a layout transpose) goes with its launch. For a fusion
@@ -12,7 +12,7 @@ the categories in ``REPLAY_USED``: the step replayed with and without the fix is
   kernels' launches and the host work before them go. ``compile``
   (``REGROUPING``) regroups its kernels as the analyzer models Inductor (one kernel per iteration
   space of a run, split-reduction passes in place of kernels that go:
-  :func:`gpuprof.analyzers.compile_fusion.inductor_plan`), and its host chain keeps the eager host
+  the candidate's ``regroup``), and its host chain keeps the eager host
   cost per launched kernel for the kernels left (its gap units claim that host work; they are not
   replayed one by one);
 * copy units ``("m", rank, row)`` (pageable copies): the copy at its saved duration and its
@@ -41,7 +41,6 @@ See docs/replay.md for the assumptions and the accuracy table.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -50,46 +49,20 @@ import numpy as np
 import pandas as pd
 
 from gpuprof.errors import GpuprofError
-from gpuprof.replay import Graph, build, deflate, host_bounds, steady_ms
 from gpuprof.replay import transforms as tf
-from gpuprof.replay.graph import COPY_NAMES, SYNC_NAMES
+from gpuprof.replay.graph import Graph, build
+from gpuprof.replay.host import host_bounds
+from gpuprof.replay.run import steady_ms
+from gpuprof.replay.transforms import deflate
+from gpuprof.trace.names import REPLAY_COPY_CALLS, REPLAY_SYNC_CALLS
 
 if TYPE_CHECKING:
-    from gpuprof.analyzers._base import Candidate, RankView
+    from gpuprof.claims import Claimed
+    from gpuprof.rank import RankView
 
-#: Categories whose replayed saving is the reported estimate (``"estimate": "replay"``). Chosen on
-#: the real pairs with realised savings (``python -m benchmarks.fix_replay_accuracy``, table in
-#: docs/replay.md): over the category's pairs the replayed savings are in total at least as close
-#: to the realised ones as the analyzer's own sum of its claims was (Σ |error|, allowing the
-#: realised savings' own uncertainty: half the spread of each program's two timing windows), and
-#: no pair the analyzer had within ±35 % falls outside it. The analyzers no longer sum their
-#: claims for these: their units are the transformation's inputs (new kernel times, the claimed
-#: gaps), and the step time replayed with and without them is the saving.
-REPLAY_USED: frozenset[str] = frozenset({
-    "precision", "shape_alignment", "attention_fusion", "elementwise_fusion", "optimizer_fusion",
-    "launch_overhead", "input_pipeline", "pageable_memcpy", "memory_format",
-    "allocator_churn", "host_stall", "compile", "host_sync",
-})
-#: Why a priced category's replay is not its estimate.
-PRICED_NOT_USED_WHY = {
-    "memory_bound_decode": "no real pair with a realised saving to validate the replay on (the 8-bit fix was not run)",
-    "gpu_throttling": "no real pair with a realised saving to validate the replay on",
-}
-NOT_USED_WHY = {
-    "exposed_communication": "cross-rank: a rank's graph cannot see when the other ranks arrive",
-    "rank_imbalance": "cross-rank: a rank's graph cannot see when the other ranks arrive",
-}
-BARE_HOST_WHY = ("no unprofiled step time to calibrate the replayed host on: the claimed gaps, deflated by the "
-                 "trace's own estimate of the profiler's cost per event, are the estimate (--step-ms gives the replay)")
-DEFAULT_WHY = "replay was not closer to the realised saving than this estimate on the real pairs (docs/replay.md)"
-#: Why a finding of a replayed category kept the sum of its claims: the rank had no graph to replay.
-NO_GRAPH_WHY = "no dependency graph to replay on this rank (no runtime calls or GPU work, or the replay failed)"
-#: Fixes of the GPU's own work: on a bare trace their replay is the estimate (between the host floor
-#: and no host); host-side fixes there keep their deflated gaps (``BARE_HOST_WHY``). compile counts
-#: here: its host change follows the kernels it removes (no claimed gap is its estimate).
-GPU_SIDE = frozenset({"compile", "precision", "shape_alignment", "attention_fusion", "elementwise_fusion",
-                      "optimizer_fusion",
-                      "memory_format", "pageable_memcpy", "memory_bound_decode", "gpu_throttling"})
+#: Cross-rank categories: a rank's graph cannot see when the other ranks arrive, so their fixes are
+#: replayed on the job's graph (gpuprof.replay.job), never on one rank's.
+CROSS_RANK = frozenset({"exposed_communication", "rank_imbalance"})
 #: Fixes that fuse their kernels: each run of claimed kernels becomes one kernel (one launch).
 FUSING = frozenset({"elementwise_fusion", "optimizer_fusion", "attention_fusion"})
 #: Fixes that regroup their kernels as the analyzer models them (``torch.compile``: several
@@ -119,11 +92,13 @@ class Plan:
     #: covers the fusions' kernels too) with all the units they asked for: a pair realises such a
     #: fix applied alone, so that is priced too (``estimated_saving_alone_ms``)
     alone: dict[str, dict[tuple[Any, ...], float]] = field(default_factory=dict)
+    #: Per finding id, a regrouping fix's new kernels (:attr:`gpuprof.claims.Candidate.regroup`)
+    regroups: dict[str, pd.DataFrame] = field(default_factory=dict)
 
     def applied(self, ids: Sequence[str], free: bool = False) -> Graph:
         g = self.free_graph if free and self.free_graph is not None else self.graph
         for i in sorted(set(i for i in ids if i in self.units)):
-            g = apply(g, self.view, self.categories[i], self.units[i])
+            g = apply(g, self.view, self.categories[i], self.units[i], self.regroups.get(i))
         return g
 
     def by_class_ms(self, ids: Sequence[str]) -> dict[str, float]:
@@ -164,7 +139,7 @@ class Plan:
         for g in (self.graph, self.free_graph if self.free_graph is not None else self.graph):
             if ("alone", g is self.graph, i) not in self.cache:
                 self.cache[("alone", g is self.graph, i)] = steady_ms(apply(g, self.view, self.categories[i],
-                                                                            self.alone[i]))
+                                                                            self.alone[i], self.regroups.get(i)))
             out.append(self.cache[("alone", g is self.graph, i)])
         return out[0], out[1]
 
@@ -175,8 +150,10 @@ class Plan:
         return 0.5 * (lo + hi)
 
 
-def apply(g: Graph, v: RankView, category: str, units: dict[tuple[Any, ...], float]) -> Graph:
-    """``g`` with one finding's kept ``units`` removed (see the module docstring)."""
+def apply(g: Graph, v: RankView, category: str, units: dict[tuple[Any, ...], float],
+          regroup: pd.DataFrame | None = None) -> Graph:
+    """``g`` with one finding's kept ``units`` removed (see the module docstring); a regrouping
+    fix's kernels regrouped as its candidate's ``regroup`` says."""
     t = v.trace
     rank = v.rank
     k_rows = np.fromiter((u[2] for u in units if u[0] == "k"), np.int64)
@@ -186,8 +163,8 @@ def apply(g: Graph, v: RankView, category: str, units: dict[tuple[Any, ...], flo
         fac = np.ones(len(dur))
         fac[k_rows] = np.clip((dur[k_rows] - saved) / np.maximum(dur[k_rows], 1e-9), 0.0, 1.0)
         sel = tf.activities_of(g, rank, "kernel", k_rows)
-        if category in REGROUPING:
-            g = _inductor(g, v, sel)
+        if category in REGROUPING and regroup is not None:
+            g = _inductor(g, v, sel, regroup)
         elif category in FUSING:
             # memsets issued by the fused ops themselves (cuBLAS's workspace clear under aten::bmm)
             m = t.memcpys
@@ -273,22 +250,14 @@ def _fuse_runs(g: Graph, sel: np.ndarray, after_us: np.ndarray, memsets: np.ndar
     return tf.set_durations(g, first, dur[run_id[is_k & (pos == lo[run_id])]])
 
 
-def _inductor(g: Graph, v: RankView, sel: np.ndarray) -> Graph:
+def _inductor(g: Graph, v: RankView, sel: np.ndarray, ip: pd.DataFrame) -> Graph:
     """``torch.compile``'s kernels in place of the selected ones (the finding's kept kernels):
-    each group of :func:`gpuprof.analyzers.compile_fusion.inductor_plan` (one iteration space of
-    a fusible run) becomes one kernel where its first kept member ran, as long as its kept members'
-    share of the fused time; its other members go with their launches and the host work before
-    each (the ops Inductor's kernel no longer dispatches); a split-reduction pass's slot stays a
-    kernel, launched as before, at the pass's time. A member another finding claimed first stays
-    as it ran."""
-    from gpuprof.analyzers.compile_fusion import inductor_plan
-
-    plan = _inductor_plans.get(id(v))
-    if plan is None or plan[0]() is not v:
-        plan = (weakref.ref(v), inductor_plan(v))
-        _inductor_plans.clear()
-        _inductor_plans[id(v)] = plan
-    ip = plan[1]
+    each group of the finding's ``regroup`` (:class:`gpuprof.claims.Candidate`: one iteration
+    space of a fusible run) becomes one kernel where its first kept member ran, as long as its
+    kept members' share of the fused time; its other members go with their launches and the host
+    work before each (the ops Inductor's kernel no longer dispatches); a split-reduction pass's
+    slot stays a kernel, launched as before, at the pass's time. A member another finding claimed
+    first stays as it ran."""
     idx = np.flatnonzero(sel)  # activities in (rank, stream, start) order
     rows = g.a_row[idx]
     known = ip.index.isin(rows)
@@ -321,7 +290,7 @@ def _compiled_host(before: Graph, g: Graph, v: RankView, gone: np.ndarray) -> Gr
     kernels kept: the launches that went took the host work before each with them, and the
     rest (the Python and the ops that launch no kernel, which the compiled graph no longer runs)
     shrinks by what is left to take."""
-    from gpuprof.analyzers._base import HOST_WORK_MIN_US, time_in_ops
+    from gpuprof.idle import HOST_WORK_MIN_US, time_in_ops
 
     i = g.ranks.index(v.rank)
     a = v.trace.annotations
@@ -359,9 +328,6 @@ def _compiled_host(before: Graph, g: Graph, v: RankView, gone: np.ndarray) -> Gr
     factor = np.where(keep, inside * f + (1.0 - inside), 1.0)  # the gap: its in-op share × f
     gap = np.where(keep & (g.h_gap > 0), g.h_gap * factor, g.h_gap)
     return replace(g, h_gap=gap, h_dur=np.where(keep, g.h_dur * f, g.h_dur))
-
-
-_inductor_plans: dict[int, tuple[weakref.ref[Any], pd.DataFrame]] = {}
 
 
 def _gap_fix(g: Graph, v: RankView, category: str, gi: np.ndarray, saved: np.ndarray) -> Graph:
@@ -406,9 +372,9 @@ def _gap_fix(g: Graph, v: RankView, category: str, gi: np.ndarray, saved: np.nda
         calls |= sel
         factor[sel] = np.minimum(factor[sel], 1.0 - rows_share.reindex(g.h_row[sel]).to_numpy())
     if category == "allocator_churn":
-        from gpuprof.analyzers._base import ALLOC_CALLS
+        from gpuprof.trace.names import ALLOCATOR_CALLS
 
-        alloc = (g.h_rank == i) & (g.h_step >= 0) & np.isin(g.h_name, list(ALLOC_CALLS))
+        alloc = (g.h_rank == i) & (g.h_step >= 0) & np.isin(g.h_name, list(ALLOCATOR_CALLS))
         calls |= alloc
         factor[alloc] = 0.0
         g = tf.drop_waits(g, alloc)
@@ -419,11 +385,11 @@ def _gap_fix(g: Graph, v: RankView, category: str, gi: np.ndarray, saved: np.nda
 
         # a copy that waits is the fetch only when it brings the value to the host: a blocking
         # host-to-device `.to()` (a pageable batch) still has its data to move, which is
-        # pageable_memcpy's fix (vision_pageable's had been priced at the whole 77 MB copy)
+        # pageable_memcpy's fix, not the fetch's
         to_host = _to_host(g, v)
         fetches = np.zeros(g.n_host, dtype=bool)
         fetches[g.a_launch[to_host & (g.a_launch >= 0)]] = True
-        every = SYNC_NAMES | SYNC_CALLS | COPY_NAMES
+        every = REPLAY_SYNC_CALLS | SYNC_CALLS | REPLAY_COPY_CALLS
         syncs = np.isin(g.h_name, [n for n in every if "ynchronize" in n])
         waiting = calls & (g.h_wait >= 0) & (syncs | (np.isin(g.h_name, list(every)) & fetches))
         g = tf.drop_waits(g, waiting)
@@ -462,7 +428,7 @@ def _drop_syncing_ops(g: Graph, v: RankView, waiting: np.ndarray, to_host: np.nd
     """With the value kept on the GPU, the op that fetched it (``aten::item``, ``.cpu()``: the
     outermost aten op around each waiting call) no longer runs: its runtime calls cost nothing,
     with the host work before each inside the op, and its device-to-host copy goes."""
-    from gpuprof.analyzers._base import outermost_aten
+    from gpuprof.idle import outermost_aten
 
     t = v.trace
     ops, rt = t.ops, t.runtime
@@ -480,8 +446,8 @@ def _drop_syncing_ops(g: Graph, v: RankView, waiting: np.ndarray, to_host: np.nd
     copies = tf.activities_launched_by(g, inside) & to_host
     g = tf.remove_activities(g, copies, with_launch=False)
     # the host work before a call goes only as far as it lies inside the op: what ran before the
-    # op began (gpt_python_inline: 20 ms of tokenising before the batch's blocking `.to()`) is
-    # the program's own work, not the fetch's
+    # op began (tokenising before a batch's blocking `.to()`, say) is the program's own work, not
+    # the fetch's
     idx = np.flatnonzero(inside)
     at = g.h_ts[idx] - g.rank_offset_us[g.h_rank[idx]]
     in_op = np.full(len(idx), np.inf)  # a waiting call in no aten op: its whole gap, as before
@@ -518,17 +484,15 @@ def host_free(g: Graph) -> Graph:
     return tf.shrink_host(g, np.ones(g.n_host, dtype=bool), 0.0)
 
 
-_PLANS: dict[int, tuple[weakref.ref[Any], Plan]] = {}
-
-
-def plan(v: RankView, kept: Sequence[tuple[Candidate, dict[tuple[Any, ...], float]]], real_step_ms: float | None
-         ) -> Plan | None:
-    """The rank's deflated graph and each finding's kept units; ``None`` when the rank has no
-    graph to replay (no runtime calls or GPU work) or the replay fails."""
+def plan(v: RankView, claims: Sequence[Claimed], real_step_ms: float | None) -> Plan | None:
+    """The rank's deflated graph and each finding's kept units (the rank's claims after
+    :func:`gpuprof.claims.claimed`); ``None`` when the rank has no graph to replay (no runtime
+    calls or GPU work) or the replay fails. Cross-rank findings (``CROSS_RANK``) are left out: a
+    rank's graph cannot see when the other ranks arrive."""
     t = v.trace
     if not len(t.runtime) or not (len(t.kernels) + len(t.memcpys)):
         return None
-    from gpuprof.analyzers._base import bracket_cost_us
+    from gpuprof.hostcost import bracket_cost_us
 
     try:
         raw = build([t])
@@ -541,88 +505,22 @@ def plan(v: RankView, kept: Sequence[tuple[Candidate, dict[tuple[Any, ...], floa
     alone: dict[str, dict[tuple[Any, ...], float]] = {}
     cats: dict[str, str] = {}
     conf: dict[str, str] = {}
-    for c, u in kept:
-        if c.informational or c.category in NOT_USED_WHY or not u:
+    for c in claims:
+        u = c.kept
+        if c.informational or c.category in CROSS_RANK or not u:
             continue
         units.setdefault(c.id, {}).update(u)
         cats[c.id], conf[c.id] = c.category, c.confidence
-        if c.priority_ms == 0.0 and len(u) < len(c.units):
-            alone.setdefault(c.id, {}).update(c.units)
-    p = Plan(g, v, units, cats, conf, 0.0, raw, free, hb.floor_us, bool(real_step_ms), alone=alone)
+        if c.priority_ms == 0.0 and len(u) < len(c.asked):
+            alone.setdefault(c.id, {}).update(c.asked)
+    regroups = {c.id: c.regroup for c in claims if c.id in units and c.regroup is not None}
+    p = Plan(g, v, units, cats, conf, 0.0, raw, free, hb.floor_us, bool(real_step_ms), alone=alone, regroups=regroups)
     try:
         before = p.after_ms([])
     except GpuprofError:
         return None
     if not np.isfinite(before):
         return None
-    p = replace(p, before_ms=before, cache=p.cache)
-    _PLANS.clear()  # the plan holds the rank's frames: keep only the latest rank's
-    _PLANS[id(t)] = (weakref.ref(t), p)
-    return p
+    return replace(p, before_ms=before, cache=p.cache)
 
 
-def cached_plan(trace: Any) -> Plan | None:
-    """The plan made for ``trace`` while its findings were computed, if still held."""
-    hit = _PLANS.get(id(trace))
-    if hit is not None and hit[0]() is trace:
-        return hit[1]
-    return None
-
-
-def projected_ids(p: Plan) -> list[str]:
-    """The findings a projection applies: every high- and medium-confidence fix."""
-    return sorted(i for i, c in p.confidence.items() if c in ("high", "medium"))
-
-
-def price(p: Plan, n_steps: int, step_ms: float) -> dict[str, dict[str, Any]]:
-    """Per finding id: evidence to add (its fix replayed alone: ``replay_before_ms``,
-    ``replay_after_ms``) and, for the categories in ``REPLAY_USED``, ``kept_us``: the replayed
-    saving over the rank's steps. Each fix is priced alone, on the units it kept after claims (a
-    unit belongs to the first finding that claims it); what fixes applied together save is the
-    projection (``summary.projected_step_time_ms``, ``Analysis.what_if``): a fusion in a
-    launch-bound step saves its launches alone, and nothing more once a CUDA graph removed them.
-
-    With the unprofiled step time (:attr:`Plan.real_known`) the saving is the replayed share of the
-    step, ``(before − after) / before``, of ``step_ms`` (the replay is calibrated to it, so this is
-    ``before − after`` where the host is identified); without it, ``before − after``: on a bare
-    trace whose first profiled step is cut short (its mean window is shorter than the
-    steady-state period) a fix cannot save more than the step. Where the trace does not identify
-    the unprofiled host (:attr:`Plan.free_graph`) the fix is replayed on the host floor and with
-    the host taken out; the two savings bound what it realises (``replay_saving_bounds_ms``) and
-    the estimate is their middle, the figure whose error is smallest in the worst case when
-    nothing in the trace places the host between them."""
-    out: dict[str, dict[str, Any]] = {}
-    b_floor, b_free = p.bounds_ms([])
-    for i in p.units:
-        a_floor, a_free = p.bounds_ms([i])
-        before, after = 0.5 * (b_floor + b_free), 0.5 * (a_floor + a_free)
-        ev: dict[str, Any] = {"replay_before_ms": round(before, 4), "replay_after_ms": round(after, 4)}
-        pairs = [(b_floor, a_floor), (b_free, a_free)]
-        savings = [max(b - a, 0.0) * (step_ms / b if p.real_known and b > 0 else 1.0) for b, a in pairs]
-        saved = 0.5 * (savings[0] + savings[1])
-        if i in p.alone and p.categories[i] in REPLAY_USED:
-            pairs_alone = list(zip((b_floor, b_free), p.alone_bounds_ms(i)))
-            ev["estimated_saving_alone_ms"] = round(0.5 * sum(
-                max(b - a, 0.0) * (step_ms / b if p.real_known and b > 0 else 1.0) for b, a in pairs_alone), 4)
-        elif i in p.alone or p.categories[i] in REGROUPING:
-            ev["estimated_saving_alone_ms"] = round(saved, 4)
-        if p.free_graph is not None:
-            ev["replay_saving_bounds_ms"] = {"host_floor": round(savings[0], 4), "no_host": round(savings[1], 4)}
-            ev["host_floor_us_per_event"] = round(p.floor_us, 3)
-        gpu_us = sum(x for u, x in p.units[i].items() if u[0] in ("k", "m"))
-        if gpu_us > 0:  # the change to the GPU's own work, whether or not the step gets that much shorter
-            ev["gpu_time_saved_ms_per_step"] = round(gpu_us / n_steps / 1000.0, 4)
-        entry: dict[str, Any] = {"evidence": ev}
-        if p.categories[i] in REPLAY_USED and not p.real_known and p.categories[i] not in GPU_SIDE:
-            # a host-side fix on a bare trace: no real step to calibrate the host on, and the raw
-            # host is the profiler's (torch 1.8: ~16 µs per event); the claimed gaps, deflated by
-            # the trace's own profiler-cost estimate, stay the estimate (closer on the bare pairs:
-            # docs/accuracy.md, and on torch 1.8's DataLoader-bound TB run: docs/corpus.md)
-            ev["replay_not_used"] = BARE_HOST_WHY
-        elif p.categories[i] in REPLAY_USED:
-            ev["estimate"] = "replay"
-            entry["kept_us"] = saved * 1000.0 * n_steps
-        else:
-            ev["replay_not_used"] = PRICED_NOT_USED_WHY.get(p.categories[i], DEFAULT_WHY)
-        out[i] = entry
-    return out

@@ -18,7 +18,7 @@ Two kinds of node, each with a start and an end:
   ``cudaStreamWaitEvent``). It lasts ``a_dur``. A CUDA-graph launch is one host call holding all
   its kernels: they share that call as their launch.
 * **collectives** (NCCL/RCCL kernels) matched across ranks by process group and sequence number
-  (``a_coll``, set when ranks are joined: :mod:`gpuprof.replay.ranks`): each ends ``a_dur`` (its
+  (``a_coll``, set when ranks are joined: :mod:`gpuprof.replay.job`): each ends ``a_dur`` (its
   transfer time, measured on the last rank to arrive) after the last rank's kernel started.
 
 Edge weights are measured. The edge that held a node up in the trace (its latest constraint) gets
@@ -37,16 +37,8 @@ import numpy as np
 import pandas as pd
 
 from gpuprof.trace.model import RankTrace
+from gpuprof.trace.names import REPLAY_COPY_CALLS, REPLAY_SYNC_CALLS
 
-#: Runtime/driver calls that block the host until GPU work finishes.
-SYNC_NAMES = frozenset({
-    "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy", "cudaMemcpy2D",
-    "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2", "cuMemcpyDtoH",
-    "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize", "hipMemcpy",
-})
-#: Calls that launch a copy and may return only once it is done (pageable memory, DtoH to host).
-COPY_NAMES = frozenset({"cudaMemcpyAsync", "cudaMemcpy", "cudaMemcpy2DAsync", "hipMemcpyAsync", "hipMemcpy",
-                        "cuMemcpyAsync", "cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2"})
 KINDS = ("kernel", "memcpy")
 #: A call lasting this many times its name's median that saw GPU work finish was held by the GPU.
 BLOCKED_FACTOR = 10.0
@@ -154,13 +146,9 @@ def _median_or(x: np.ndarray, fallback: float) -> float:
 
 
 def build(traces: Sequence[RankTrace]) -> Graph:
-    """The dependency graph of one job from its ranks' traces (one trace: a one-rank job). Several
-    ranks: each rank's graph built alone and joined, collectives matched across ranks
-    (:func:`gpuprof.replay.ranks.build_job`)."""
-    if len(traces) > 1:
-        from gpuprof.replay.ranks import build_job
-
-        return build_job(traces)
+    """The dependency graph of one rank's trace (several traces: each one's graph side by side on
+    one clock, not coupled; :func:`gpuprof.replay.build` joins the ranks of a job, collectives
+    matched across ranks)."""
     ranks = tuple(t.meta.rank for t in traces)
     t0 = np.array([t.meta.t0_epoch_ns for t in traces], dtype=np.int64)
     offset = ((t0 - t0.min()) / 1000.0).astype(float) if len(t0) else np.zeros(0)
@@ -216,8 +204,8 @@ def _waits(h: pd.DataFrame, a: pd.DataFrame, launch: np.ndarray) -> tuple[np.nda
     wait = np.full(n, -1, dtype=np.int64)
     ts, end, names = h["ts"].to_numpy(), h["end"].to_numpy(), h["name"].to_numpy()
     code, uniq = pd.factorize(names)
-    is_sync = np.isin(uniq, list(SYNC_NAMES))[code]
-    is_copy_call = np.isin(uniq, list(COPY_NAMES))[code]
+    is_sync = np.isin(uniq, list(REPLAY_SYNC_CALLS))[code]
+    is_copy_call = np.isin(uniq, list(REPLAY_COPY_CALLS))[code]
     dur = end - ts
     a_end = a["end"].to_numpy()
     # own copy: the call returned after its copy ended

@@ -14,7 +14,7 @@ Layout under ``$GPUPROF_CACHE_DIR`` (default ``$XDG_CACHE_HOME/gpuprof``, else `
     results/r-<hash>.msgpack  one result (a rank's summary part, its contributions, a whole report)
 
 ``<key>`` is the BLAKE3 hash of the trace file's bytes, its size, gpuprof's version and the cache
-format. The bytes hashed are the bytes parsed (see :func:`gpuprof.ranks.load_trace_keyed`), so a
+format. The bytes hashed are the bytes parsed (see :func:`gpuprof.jobs.load_trace_keyed`), so a
 file replaced while a report runs cannot file one content's frames under another's key. Entries
 are written to a temporary name and renamed into place; one that cannot be read, fails its types
 or whose recorded key differs is deleted and rebuilt. Pruning deletes only what matches this

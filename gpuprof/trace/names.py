@@ -72,6 +72,32 @@ FREE_CALLS: frozenset[str] = frozenset({
 })
 
 
+#: What allocator churn counts (``analyzers.allocator``, the idle gaps' ``alloc`` cause, its fix in
+#: the replay): the calls that allocate or free device or pinned memory *synchronously*, as named
+#: in traces. With PyTorch's caching allocator they happen only while its pool grows; in every step
+#: they mean the cache is off (``PYTORCH_NO_CUDA_MEMORY_CACHING``), emptied (``empty_cache()``) or
+#: fragmented; ``cudaFree``/``hipFree`` also synchronise the device. The stream-ordered
+#: ``cudaMallocAsync``/``cudaFreeAsync`` do neither and are not listed (unlike MALLOC_CALLS and
+#: FREE_CALLS, which classify every call's kind); virtual-memory mapping (``cuMemMap``) is.
+ALLOCATOR_CALLS: tuple[str, ...] = (
+    "cudaMalloc", "cudaFree", "cuMemAlloc_v2", "cuMemFree_v2", "cudaMallocHost", "cudaFreeHost", "cudaHostAlloc",
+    "cudaMallocManaged", "cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap", "hipMalloc", "hipFree",
+    "hipHostMalloc", "hipHostFree", "hipFreeHost", "hipExtMallocWithFlags", "hipMallocManaged")
+
+#: How the replay's dependency graph (:mod:`gpuprof.replay.graph`) tells a call that may wait for
+#: the GPU: a synchronising call (``REPLAY_SYNC_CALLS``, exact names) returns once the work it waits
+#: for is done; a copy call (``REPLAY_COPY_CALLS``) may return only once its copy is done (pageable
+#: memory, device to host). Narrower than SYNC_CALLS, which classifies every call for the analyzers.
+REPLAY_SYNC_CALLS: frozenset[str] = frozenset({
+    "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy", "cudaMemcpy2D",
+    "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2", "cuMemcpyDtoH",
+    "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize", "hipMemcpy",
+})
+REPLAY_COPY_CALLS: frozenset[str] = frozenset({
+    "cudaMemcpyAsync", "cudaMemcpy", "cudaMemcpy2DAsync", "hipMemcpyAsync", "hipMemcpy", "cuMemcpyAsync",
+    "cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2"})
+
+
 def _spellings(base: frozenset[str]) -> frozenset[str]:
     """Base names plus the suffixed spellings traces show (driver ``_v2``, runtime per-thread-stream
     ``_ptsz``/``_ptds``), so that ``names.isin(TABLE)`` works without :func:`base_call`."""

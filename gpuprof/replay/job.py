@@ -336,7 +336,7 @@ def comm_in_steps(g: Graph, parts: Sequence[RankGraph]) -> np.ndarray:
 
 def slowest_ms(g: Graph) -> float:
     """The job's replayed step: the slowest rank's steady-state step time (ms)."""
-    from gpuprof.replay import run
+    from gpuprof.replay.run import run
 
     p = [x for x in run(g).rank_period_ms if np.isfinite(x)]
     return float(max(p)) if p else float("nan")
@@ -357,48 +357,38 @@ def cross_fix(category: str, g: Graph, parts: Sequence[RankGraph]) -> Graph:
     raise ValueError(f"no cross-rank transformation for {category}")
 
 
-def fix_steps(parts: Sequence[RankGraph], real_step_ms: float | None, categories: Sequence[str]
-              ) -> dict[str, list[float]]:
+def fix_steps(parts: Sequence[RankGraph], real_step_ms: float | None, categories: Sequence[str],
+              cost_us: float | None = None) -> dict[str, list[float]]:
     """Per cross-rank category, the job's replayed step (the slowest rank's, ms) before and after
-    its fix (:func:`cross_fix`) on the joined graph, deflated when ``real_step_ms`` is known.
-    Plain lists: the analysis files them in its results cache."""
-    g = job(parts, real_step_ms)
+    its fix (:func:`cross_fix`) on the joined graph, deflated when ``real_step_ms`` is known (by
+    ``cost_us`` per recorded host event, :func:`job_cost`'s, found here when not given). Plain
+    lists: the analysis files them in its results cache."""
+    g = job(parts, real_step_ms, cost_us)
     before = slowest_ms(g)
     return {c: [before, slowest_ms(cross_fix(c, g, parts))] for c in categories}
 
 
-def job(parts: Sequence[RankGraph], real_step_ms: float | None) -> Graph:
+def job_cost(parts: Sequence[RankGraph], real_step_ms: float | None) -> float:
+    """The profiler's cost per recorded host event that takes the joined job to ``real_step_ms``
+    (one cost for all ranks: :func:`gpuprof.replay.calibrate`); 0 without it. The search replays
+    the coupled job a dozen times or more, so the pipeline finds it once per job and hands it to
+    the cross-rank findings, the projection and ``what_if`` alike."""
+    from gpuprof.replay.host import calibrate
+
+    return calibrate(join(parts), real_step_ms) if real_step_ms else 0.0
+
+
+def job(parts: Sequence[RankGraph], real_step_ms: float | None, cost_us: float | None = None) -> Graph:
     """The joined job graph, the profiler's host cost taken out when the unprofiled step time is
-    known (one cost per recorded host event for all ranks: :func:`gpuprof.replay.calibrate`).
-    The cost is found once per job and step time in a process: the cross-rank findings, the
-    summary's projection and ``what_if`` all deflate the same job, and each search replays the
-    coupled job a dozen times or more."""
-    from gpuprof.replay import calibrate, deflate
+    known: ``cost_us`` per recorded host event (:func:`job_cost`, found here when not given)."""
+    from gpuprof.replay.host import calibrate
+    from gpuprof.replay.transforms import deflate
 
     g = join(parts)
     if not real_step_ms:
         return g
-    key = (float(real_step_ms), tuple(_fingerprint(p) for p in parts))
-    cost = _COSTS.get(key)
-    if cost is None:
-        cost = calibrate(g, real_step_ms)
-        if len(_COSTS) >= 16:
-            _COSTS.pop(next(iter(_COSTS)))
-        _COSTS[key] = cost
-    return deflate(g, cost)
-
-
-#: The job's cost per event by (real step, the ranks' graphs: :func:`_fingerprint`), see :func:`job`.
-_COSTS: dict[tuple[float, tuple[tuple[float, ...], ...]], float] = {}
-
-
-def _fingerprint(p: RankGraph) -> tuple[float, ...]:
-    """A rank's graph as the calibration sees it: its clock origin, sizes and the sums of the
-    weights and traced times calibrate reads (equal graphs, equal tuple)."""
-    g = p.graph
-    return (float(p.t0_epoch_ns), float(g.n_host), float(g.n_acts), float(g.h_gap.sum()), float(g.h_dur.sum()),
-            float(g.h_events.sum()), float(g.a_dur.sum()), float(g.a_ts.sum()), float(g.h_ts.sum()))
+    return deflate(g, calibrate(g, real_step_ms) if cost_us is None else cost_us)
 
 
 __all__ = ["COMM_OPS", "MAX_SHIFT", "SYNC_SLACK_US", "RankGraph", "build_job", "comm_in_steps", "comm_rows", "cross_fix",
-           "fix_steps", "host_per_step", "job", "join", "match", "overlap", "rank_graph", "rebalance", "slowest_ms"]
+           "fix_steps", "host_per_step", "job", "job_cost", "join", "match", "overlap", "rank_graph", "rebalance", "slowest_ms"]

@@ -1,0 +1,230 @@
+"""Where per-rank work runs: this process, local worker processes, or a Dask cluster.
+
+:class:`Executor` maps a function over argument lists, results in order. In this process it can
+keep each rank's frames once loaded (``keep``): the later passes over a rank (its findings, the
+slow rank's detail, its replay graph) then reuse them instead of loading the rank again; that is
+how a job small enough to hold whole (``IN_PROCESS_MAX_BYTES``) and a single trace are analysed.
+Worker processes and Dask workers hold one rank at a time and send back only what a rank yields.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpuprof.errors import GpuprofError
+
+if TYPE_CHECKING:
+    from gpuprof.jobs import Store
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on (its affinity mask, which containers and batch schedulers set)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def local_workers(n: int, workers: int | None) -> int:
+    """Local processes for ``n`` ranks: ``workers`` (default: one per CPU), at most one per rank
+    and per CPU; 1 works in this process."""
+    cpus = cpu_count()
+    return max(1, min(n, workers or cpus, cpus))
+
+
+#: A job of several ranks whose traces hold at most this many bytes of JSON (a gzipped file
+#: counted at its uncompressed size) is analysed in this process by default, each rank loaded
+#: once and kept until its findings are made. Each worker process costs its own imports (numpy,
+#: pandas, pyarrow: about half a second of CPU and a hundred MB before any trace) and a second load
+#: of each rank it summarised, while this process holds every rank's frames (about half the JSON;
+#: less than a single trace of that size holds at its peak), so below this size one process takes
+#: less CPU and less memory (measured in docs/performance.md). Bigger jobs go to worker processes,
+#: which hold one rank at a time; ``--workers N`` asks for them whatever the size.
+IN_PROCESS_MAX_BYTES = 256 * 2**20
+
+
+def job_bytes(files: Sequence[Path]) -> int:
+    """The JSON bytes of ``files``: a gzipped file's uncompressed size from its trailer (ISIZE,
+    modulo 4 GiB, so never counted below 4x its compressed size; Kineto JSON compresses ~15x)."""
+    total = 0
+    for f in files:
+        try:
+            size = Path(f).stat().st_size
+            if str(f).endswith(".gz") and size >= 18:
+                with open(f, "rb") as fh:
+                    fh.seek(-4, os.SEEK_END)
+                    size = max(int.from_bytes(fh.read(4), "little"), 4 * size)
+        except OSError:
+            continue  # loading it says what is wrong
+        total += size
+    return total
+
+
+#: Seconds a Dask run may go without a scheduler connection or without any worker before it
+#: fails with one line (``$GPUPROF_DASK_TIMEOUT_S``); a worker lost meanwhile is not an error:
+#: the scheduler runs its tasks again elsewhere.
+DASK_TIMEOUT_S = 60.0
+
+
+_DASK_POLL_S = 1.0
+
+
+def _dask_timeout() -> float:
+    try:
+        return float(os.environ.get("GPUPROF_DASK_TIMEOUT_S", DASK_TIMEOUT_S))
+    except ValueError:
+        return DASK_TIMEOUT_S
+
+
+def _on_dask_worker(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` on a Dask worker; an error about the input names this worker, since a path
+    the driver sees may be missing on the worker (traces must be on a shared file system)."""
+    try:
+        return fn(*args)
+    except GpuprofError as e:
+        from dask.distributed import get_worker
+
+        try:
+            where = get_worker().address
+        except ValueError:  # not on a worker after all
+            raise e from None
+        raise type(e)(f"{e} (read on Dask worker {where})") from None
+
+
+def _label(arg: Any) -> str:
+    return str(getattr(arg, "path", arg))
+
+
+class Executor:
+    """Where per-rank work runs: this process, local worker processes, or a Dask cluster.
+
+    Local processes are capped at the CPUs this process may use: more only add memory (each
+    holds a rank's frames) and no speed. In this process, ``keep`` keeps each rank's frames once
+    loaded (``store``, handed to the functions mapped as their ``store`` argument)."""
+
+    def __init__(self, n: int, workers: int | None, dask: str | None,
+                 progress: Callable[[int, int, str], None] | None = None, keep: bool = False) -> None:
+        self.progress = progress
+        self.store: Store | None = None
+        self.client: Any = None
+        self.cluster: Any = None
+        self.pool: Any = None
+        self.address = dask
+        w = local_workers(n, workers)
+        if dask:
+            try:
+                from dask.distributed import Client, LocalCluster
+            except ImportError:
+                raise GpuprofError("--dask needs dask.distributed: pip install 'gpuprof[dask]'") from None
+            try:
+                if dask == "local":
+                    self.cluster = LocalCluster(  # type: ignore[no-untyped-call]
+                        n_workers=w, threads_per_worker=1, processes=True,
+                        dashboard_address=None, silence_logs=logging.CRITICAL)  # a bad trace: one line, ours
+                    self.client = Client(self.cluster)  # type: ignore[no-untyped-call]
+                else:
+                    self.client = Client(dask, timeout="10s")  # type: ignore[no-untyped-call]
+            except OSError as e:
+                raise GpuprofError(f"cannot reach the Dask scheduler {dask!r} ({e})") from None
+            return
+        if w > 1:
+            from concurrent.futures import ProcessPoolExecutor
+
+            self.pool = ProcessPoolExecutor(max_workers=w)
+        elif keep:
+            self.store = {}
+
+    @property
+    def here(self) -> bool:
+        """Whether the work runs in this process."""
+        return self.pool is None and self.client is None
+
+    def map(self, fn: Any, *args: Sequence[Any], stage: str = "") -> list[Any]:
+        """``fn`` over the argument lists, results in order; ``progress(done, total, stage)`` is
+        called as results arrive (when several)."""
+        n = len(args[0]) if args else 0
+        report = self.progress if self.progress is not None and stage and n > 1 else None
+        if self.client is not None:
+            return self._dask_map(fn, args, n, report, stage)
+        if self.pool is not None:
+            from concurrent.futures import as_completed
+
+            pending = [self.pool.submit(fn, *a) for a in zip(*args)]
+            if report is not None:
+                for i, _ in enumerate(as_completed(pending), 1):
+                    report(i, n, stage)
+            return [f.result() for f in pending]
+        call = partial(fn, store=self.store) if self.store is not None else fn
+        out = []
+        for i, a in enumerate(zip(*args), 1):
+            out.append(call(*a))
+            if report is not None:
+                report(i, n, stage)
+        return out
+
+    def _dask_map(self, fn: Any, args: Sequence[Sequence[Any]], n: int,
+                  report: Callable[[int, int, str], None] | None, stage: str) -> list[Any]:
+        """The tasks on the cluster, watched: a task's error is raised as soon as it arrives, and
+        a cluster without a scheduler connection or without workers for ``$GPUPROF_DASK_TIMEOUT_S``
+        fails with one line instead of waiting for ever."""
+        import time
+        from functools import partial
+
+        from dask.distributed import KilledWorker, wait
+
+        futures = self.client.map(partial(_on_dask_worker, fn), *args, pure=False)
+        label = {f.key: _label(a) for f, a in zip(futures, args[0])}
+        limit = _dask_timeout()
+        remaining, done, stalled_since = list(futures), 0, None
+        while remaining:
+            try:
+                got = wait(remaining, timeout=_DASK_POLL_S, return_when="FIRST_COMPLETED")  # type: ignore[no-untyped-call]
+                finished, remaining = list(got.done), list(got.not_done)
+            except TimeoutError:
+                finished = []
+            for f in finished:
+                if f.status == "error":
+                    try:
+                        f.result()
+                    except KilledWorker:
+                        raise GpuprofError(f"{label[f.key]}: Dask workers died while analysing it, more often than "
+                                           "the scheduler retries a task (distributed.scheduler.allowed-failures); "
+                                           "the trace may need more memory than a worker has") from None
+                elif f.status == "cancelled":
+                    raise GpuprofError(f"{label[f.key]}: its task was cancelled on the Dask cluster {self.address!r}")
+            done += len(finished)
+            if report is not None:
+                for i in range(done - len(finished) + 1, done + 1):
+                    report(i, n, stage)
+            if not remaining:
+                break
+            connected = self.client.status == "running"
+            workers = len(self.client.scheduler_info().get("workers", {})) if connected else 0
+            if connected and workers:
+                stalled_since = None
+            elif stalled_since is None:
+                stalled_since = time.monotonic()
+            elif time.monotonic() - stalled_since > limit:
+                why = "has no workers" if connected else "is unreachable"
+                raise GpuprofError(f"the Dask cluster {self.address!r} {why} since {limit:.0f} s; {len(remaining)} of "
+                                   f"{n} ranks unfinished (GPUPROF_DASK_TIMEOUT_S sets how long to wait)")
+        return list(self.client.gather(futures))
+
+    def call(self, fn: Any, *args: Any) -> Any:
+        return self.map(fn, *[[a] for a in args])[0]
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+        if self.client is not None:
+            self.client.close(timeout=10)
+        if self.cluster is not None:
+            self.cluster.close()

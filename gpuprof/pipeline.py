@@ -1,0 +1,233 @@
+"""The pipeline: one path from trace files to the :class:`~gpuprof.analysis.Result`, however
+many ranks and wherever they are worked on.
+
+Each rank is a job (:mod:`gpuprof.jobs`) run on an executor (:mod:`gpuprof.executors`: this
+process, local worker processes, or a Dask cluster). First every rank is summarised
+(:func:`gpuprof.jobs.part_job`); the driver then checks that the traces belong together, settles
+the GPU and the unprofiled step time, plans the cross-rank findings from the parts
+(``analyzers.distributed``) and prices them on the job's replay (:func:`gpuprof.pricing.price_cross`);
+then each rank is analysed (:func:`gpuprof.jobs.rank_job`) and its contributions merged into the
+ranked findings. The in-memory case (one trace, a small job, ``keep_traces``) is the same path on
+an executor in this process that keeps the frames (its ``store``): each rank loaded once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpuprof import pricing
+from gpuprof.analysis import Result
+from gpuprof.claims import merge, rank_findings, split_notes
+from gpuprof.errors import UsageError
+from gpuprof.executors import IN_PROCESS_MAX_BYTES, Executor, job_bytes, local_workers
+from gpuprof.findings import Finding
+from gpuprof.jobs import (Job, RankOutcome, graph_job, job_key, kept_ranks, load_rank, part_job, rank_job,
+                          slow_job)
+from gpuprof.parts import RankPart
+from gpuprof.rank import RankView
+from gpuprof.runfolder import find_traces, rank_samples, run_nvml
+from gpuprof.specs import resolve
+from gpuprof.steptime import impossible, without_unprofiled_step
+from gpuprof.trace.model import TraceMeta
+
+
+def run(seq: list[str | Path], unprofiled_step_ms: float | None, gpu: str | None, gpu_spec: str | None,
+        analyzers: Sequence[str] | None, cache: bool, workers: int | None, dask: str | None,
+        keep_traces: bool | None, progress: Callable[[int, int, str], None] | None,
+        folder: Path | None, manifest: dict[str, Any], as_ranks: bool, drop_impossible: bool = False) -> Result:
+    """Analyse the traces ``seq`` names (see :func:`gpuprof.api.analyze`) with the unprofiled step
+    time settled (``unprofiled_step_ms``, or None when unknown; with ``drop_impossible``, None as
+    well where the ranks' summaries show it impossible)."""
+    files = find_traces(seq)
+    run_folder = str(folder) if folder is not None and len(seq) == 1 else None
+    jobs = [Job(str(Path(f).resolve()), i, cache, gpu, gpu_spec, unprofiled_step_ms) for i, f in enumerate(files)]
+    keep = len(jobs) == 1 if keep_traces is None else keep_traces
+    small = not dask and len(files) > 1 and job_bytes(files) <= IN_PROCESS_MAX_BYTES
+    if small and workers is None:
+        workers = 1  # worker processes would not pay (see IN_PROCESS_MAX_BYTES)
+    here = keep or (small and local_workers(len(jobs), workers) == 1)  # each rank loaded once, frames kept
+    with contextlib.ExitStack() as stack:
+        if not here and not cache and not dask:
+            # Ranks are loaded again after their summary (findings): without the user's cache, a
+            # private one for this call spares the second parse. Dask workers may be elsewhere: not there.
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="gpuprof-cache-"))
+            jobs = [replace(j, cache=True, cache_root=tmp) for j in jobs]
+        ex = stack.enter_context(Executor(len(jobs), 1 if here else workers, None if here else dask, progress,
+                                          keep=here))
+        out = _analyse(ex, jobs, gpu, gpu_spec, analyzers, unprofiled_step_ms, manifest, folder,
+                       as_ranks=as_ranks or (len(seq) == 1 and bool(manifest.get("traces"))),
+                       drop_impossible=drop_impossible, keep_traces=keep)
+    if not cache:  # loading again later (Analysis.ranks) must not look for the private cache
+        out = replace(out, jobs=tuple(replace(j, cache=False, cache_root=None) for j in out.jobs))
+    return replace(out, folder=run_folder)
+
+
+def _analyse(ex: Executor, jobs: list[Job], gpu: str | None, gpu_spec: str | None, analyzers: Sequence[str] | None,
+             unprofiled_step_ms: float | None, manifest: dict[str, Any], folder: Path | None, as_ranks: bool,
+             drop_impossible: bool, keep_traces: bool) -> Result:
+    from gpuprof.analyzers import distributed, select
+
+    samples, period, gpu_of = run_nvml(folder, manifest)
+    firsts = ex.map(part_job, jobs, stage="summarised")
+    metas = [p.meta for p, _ in firsts]
+    if not as_ranks:
+        check_ranks(metas, [p.steps for p, _ in firsts])
+    ranks = [m.rank for m in metas]
+    if len(set(ranks)) != len(ranks):  # e.g. several single-GPU traces: keep them apart by order
+        jobs = [j if i == 0 else replace(j, rank=i) for i, j in enumerate(jobs)]
+        metas = [m if i == 0 else replace(m, rank=i) for i, m in enumerate(metas)]
+    order = sorted(range(len(jobs)), key=lambda i: metas[i].rank)
+    jobs = [jobs[i] for i in order]
+    spec = resolve([d for m in metas for d in m.device_properties], gpu=gpu, spec_file=gpu_spec)
+    parts = tuple(replace(firsts[i][0], meta=metas[i], collectives=firsts[i][0].collectives.assign(rank=metas[i].rank),
+                          nvml=rank_samples(metas[i], firsts[i][0].steps, samples, gpu_of), nvml_period_s=period)
+                  for i in order)
+    if drop_impossible and impossible(parts, unprofiled_step_ms):
+        parts = tuple(without_unprofiled_step(p) for p in parts)
+        jobs = [replace(j, unprofiled_step_ms=None) for j in jobs]
+        unprofiled_step_ms = None
+    active, skipped = select(parts, spec, analyzers)
+    names = [a.name for a in active]
+    job_of = {p.rank: j for p, j in zip(parts, jobs)}
+    cross = distributed.plan(parts, lambda slow, waits, waiting: ex.call(slow_job, job_of[slow], waits, waiting), names)
+    job_cost: list[float | None] = [None]
+
+    def replay(categories: Sequence[str]) -> dict[str, list[float]]:
+        figures, job_cost[0] = job_replay(ex, jobs, unprofiled_step_ms, categories)
+        return figures
+
+    pricing.price_cross(cross, parts, replay)
+    alone = len(parts) == 1
+    outcomes: list[RankOutcome] = ex.map(rank_job, jobs, parts, [names] * len(parts),
+                                         [cross.get(p.rank, []) for p in parts], [alone] * len(parts),
+                                         stage="analysed")
+    frames = kept_ranks(ex.store, jobs, parts)  # loaded here and still held: the views read them
+    contribs = [c for o in outcomes for c in o.contributions]
+    fixes, notes = split_notes(findings_of(parts, contribs))
+    plans = tuple(o.plan for o in outcomes) if all(o.plan is not None or not o.claims for o in outcomes) else None
+    if alone:
+        figures = {"replay_step_time_ms": outcomes[0].replay_ms,
+                   **(outcomes[0].figures or pricing.projection(None, fixes))}
+    else:
+        replayed = [o.replay_ms for o in outcomes]
+        ok = [x for x in replayed if x is not None]
+        figures = {"replay_step_time_ms": float(np.mean(ok)) if ok and len(ok) == len(replayed) else None,
+                   **_job_projection(jobs, parts, outcomes, fixes, frames, job_cost[0])}
+    return Result(parts=parts, spec=spec, findings=tuple(fixes), notes=tuple(notes), skipped=tuple(skipped),
+                  run=manifest, jobs=tuple(jobs), frames=frames, claims=tuple(o.claims for o in outcomes),
+                  replay_step_time_ms=figures.pop("replay_step_time_ms"), projection=figures,
+                  plans=plans if frames is not None else None, job_cost_us=job_cost[0], keep_traces=keep_traces)
+
+
+def findings_of(parts: Sequence[RankPart], contribs: Sequence[Any]) -> list[Finding]:
+    """Ranked findings from the ranks' contributions: a finding's saving per step is the largest
+    over ranks, in % of that rank's unprofiled step (else its traced one)."""
+    return rank_findings(merge(contribs, {p.rank: p.n_steps for p in parts},
+                               {p.rank: p.unprofiled_step_ms or p.summary.step_time_ms for p in parts}))
+
+
+def _job_projection(jobs: Sequence[Job], parts: Sequence[RankPart], outcomes: Sequence[RankOutcome],
+                    findings: Sequence[Finding], frames: Sequence[Any] | None, cost_us: float | None
+                    ) -> dict[str, Any]:
+    """Several ranks: the projection on the job graph (:func:`gpuprof.pricing.job_projection`),
+    made in this process only where the ranks' frames are here or a job that small
+    (``IN_PROCESS_MAX_BYTES``) may be loaded again: the bounded many-rank path keeps frames out
+    of this process."""
+    if frames is None and not (jobs and job_bytes([Path(j.path) for j in jobs]) <= IN_PROCESS_MAX_BYTES):
+        return dict(pricing.NO_PROJECTION)
+    if not [f for f in findings if f.confidence in pricing.PROJECTED_CONFIDENCE]:
+        return dict(pricing.NO_PROJECTION)
+    ranks = frames if frames is not None else tuple(load_rank(j, p.nvml, p.nvml_period_s)[0] for j, p in zip(jobs, parts))
+    plans = [o.plan for o in outcomes]
+    if any(p is None and o.claims for p, o in zip(plans, outcomes)):
+        plans = list(plans_of(ranks, parts, [o.claims for o in outcomes], jobs))
+    return pricing.job_projection(plans, [r.trace for r in ranks], parts, findings, cost_us)
+
+
+def plans_of(ranks: Sequence[Any], parts: Sequence[RankPart], claims: Sequence[Any], jobs: Sequence[Job]
+             ) -> tuple[Any, ...]:
+    """Each rank's replay plan made again from its kept claims (no analyzer runs): where the
+    rank was analysed in another process, which cannot send its plan back."""
+    from gpuprof.replay import fixes
+
+    out = []
+    for r, p, c, j in zip(ranks, parts, claims, jobs):
+        spec = resolve(r.trace.meta.device_properties, gpu=j.gpu, spec_file=j.gpu_spec)
+        out.append(fixes.plan(RankView(r, spec), c, p.unprofiled_step_ms))
+    return tuple(out)
+
+
+def job_replay(ex: Executor, jobs: Sequence[Job], unprofiled_step_ms: float | None, categories: Sequence[str]
+               ) -> tuple[dict[str, list[float]], float]:
+    """The cross-rank findings' replay (gpuprof.replay.job.fix_steps) and the job's profiler cost
+    per recorded host event it was deflated by (:func:`gpuprof.replay.job.job_cost`): each rank's
+    graph built by the workers, joined here; filed in the results cache under every rank's
+    content, so an unchanged job is not loaded again for it."""
+    from gpuprof.replay.job import fix_steps, job_cost
+    from gpuprof.trace import cache as pcache
+
+    def key() -> str | None:
+        keys = [job_key(j, "graph") for j in jobs]
+        return pcache.result_key("job_replay", tuple(keys), unprofiled_step_ms, tuple(categories)) if all(keys) else None
+
+    kind = tuple[dict[str, list[float]], float]
+    root = Path(jobs[0].cache_root) if jobs and jobs[0].cache_root else None
+    before = key()
+    if before is not None:
+        hit: tuple[dict[str, list[float]], float] | None = pcache.get_result(before, kind, root)
+        if hit is not None:
+            return hit
+    graphs = ex.map(graph_job, jobs)
+    cost = job_cost(graphs, unprofiled_step_ms)
+    out = (fix_steps(graphs, unprofiled_step_ms, categories, cost), cost)
+    if before is not None and key() == before:  # the files did not change meanwhile
+        pcache.put_result(before, out, kind, root)
+    return out
+
+
+def check_ranks(metas: Sequence[TraceMeta], steps: Sequence[pd.DataFrame]) -> None:
+    """Refuse traces that do not look like the ranks of one job: a file given twice, traces
+    without ``distributedInfo`` (torch.distributed was not running), ranks that repeat or do not
+    agree on the world size, different GPU models, different numbers of profiled steps, or
+    profiled windows that never overlap in time (ranks of one job step together; two recordings
+    of one program do not). Merging unrelated programs would average their step times into a
+    figure of neither."""
+    if len(metas) < 2:
+        return
+    n_steps = [len(s) for s in steps]
+    names = [f"{Path(m.path).parent.name}/{Path(m.path).name}" for m in metas]
+
+    def refuse(why: str) -> None:
+        raise UsageError(f"{why}; they are not analysed together as ranks of one job (pass --as-ranks if they "
+                         f"are, or report them one at a time): {', '.join(names)}")
+
+    paths = [str(Path(m.path).resolve()) for m in metas]
+    if len(set(paths)) != len(paths):
+        refuse("the same trace file is given more than once")
+    missing = [n for n, m in zip(names, metas) if not m.distributed_info]
+    if missing:
+        refuse(f"{', '.join(missing)} {'has' if len(missing) == 1 else 'have'} no distributedInfo "
+               "(torch.distributed was not running)")
+    ranks = [m.rank for m in metas]
+    if len(set(ranks)) != len(ranks):
+        refuse(f"several traces claim the same rank ({', '.join(str(r) for r in ranks)})")
+    worlds = {m.world_size for m in metas}
+    if len(worlds) != 1:
+        refuse(f"their world sizes differ ({', '.join(str(w) for w in sorted(worlds))})")
+    gpus = {m.gpu_name for m in metas}
+    if len(gpus) != 1:
+        refuse(f"they ran on different GPU models ({', '.join(sorted(str(g) for g in gpus))})")
+    if len(set(n_steps)) != 1:
+        refuse(f"their profiled step counts differ ({', '.join(str(n) for n in n_steps)})")
+    windows = [(m.t0_epoch_ns + s["start"].min() * 1000.0, m.t0_epoch_ns + s["end"].max() * 1000.0)
+               for m, s in zip(metas, steps) if len(s)]
+    if len(windows) == len(metas) and max(w[0] for w in windows) >= min(w[1] for w in windows):
+        refuse("their profiled steps never overlap in time (recorded at different times)")

@@ -1,0 +1,132 @@
+"""One rank: its trace's frames with the roofline and the step summary (:class:`RankResult`), and
+the view every analyzer reads (:class:`RankView`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+
+from gpuprof.claims import Unit, units_of
+from gpuprof.hostcost import event_cost_us, profiler_cost_us, unprofiled_step_ms
+from gpuprof.idle import CAUSE_ORDER, classify_gaps
+from gpuprof.roofline import classify
+from gpuprof.specs import GpuSpec
+from gpuprof.timeline import StepSummary, summarize
+from gpuprof.trace.model import RankTrace
+
+
+@dataclass(frozen=True)
+class RankResult:
+    """One rank with everything: the trace's frames, the roofline and the step summary."""
+
+    trace: RankTrace
+    roofline: pd.DataFrame
+    summary: StepSummary
+    unprofiled_step_ms: float | None = None  # measured without the profiler, when known
+    nvml: pd.DataFrame | None = None  # this rank's GPU samples over the run (in_window marks the profiled steps)
+    nvml_period_s: float = 0.05
+
+
+
+def with_rank(t: RankTrace, rank: int) -> RankTrace:
+    return replace(t, meta=replace(t.meta, rank=rank))
+
+
+
+def result_of(t: RankTrace, spec: GpuSpec | None, step_ms: float | None = None, nvml: pd.DataFrame | None = None,
+              nvml_period_s: float = 0.05) -> RankResult:
+    roof = classify(t, spec)
+    return RankResult(t, roof, summarize(t.steps, t.kernels, roof, t.memcpys, spec), step_ms, nvml, nvml_period_s)
+
+
+
+class RankView:
+    """What every analyzer reads of one rank: its kernels with their roofline columns, restricted
+    to the profiled steps; its idle gaps classified (:func:`gpuprof.idle.classify_gaps`), each with
+    the time it would have lasted without the profiler (``real_dur``); the profiler's cost per
+    recorded host event (:mod:`gpuprof.hostcost`); the GPU's peaks (``spec``) and the rank's NVML
+    samples (``result.nvml``). Built once per rank by the pipeline and handed to every analyzer
+    and to the replay's pricing.
+
+    Idle gaps caused by the host are deflated event by event: a gap holding n recorded host
+    events would have lasted ``max(0, gap - c*n)``, ``c`` being the profiler's cost per event
+    (measured from the unprofiled step time, else the trace's own floor). With the unprofiled step
+    known, the real idle time per step cannot exceed the real step less the GPU's busy time; it is
+    given out to the causes in ``CAUSE_ORDER``: sync bubbles first (device round trips, little host
+    work), then stalls and input, then launch gaps (host work throughout, which the profiler
+    inflates most). That keeps a trace whose profiler is costly (torch 1.8: over 10 µs per event)
+    from reading its bookkeeping, dense in launch gaps and sparse in a DataLoader's Python, as
+    launch overhead."""
+
+    def __init__(self, r: RankResult, spec: GpuSpec | None = None) -> None:
+        t = r.trace
+        self.result = r
+        self.spec = spec
+        self.rank = t.meta.rank
+        self.trace = t
+        self.steps = t.steps
+        self.n_steps = max(len(t.steps), 1)
+        k = pd.concat([t.kernels, r.roofline], axis=1)
+        self.kernels = k[k["step"] >= 0] if (k["step"] >= 0).any() else k
+        self.step_time_us = float(r.summary.steps["time_us"].mean()) if len(r.summary.steps) else 0.0
+        real = unprofiled_step_ms(r)
+        self.host_scale_known = real is not None
+        host = pd.concat([t.ops.loc[t.ops["step"] >= 0, "ts"], t.runtime.loc[t.runtime["step"] >= 0, "ts"]])
+        # The profiler's cost per recorded host event (µs): from the traced vs. the real step time,
+        # or estimated from the trace's own op brackets when the real step is unknown.
+        self.host_events_per_step = event_cost_us(r)[1]
+        self.event_cost_us, self.event_cost_measured = profiler_cost_us(r)
+        #: GPU busy time per step (kernels, copies) and the real step time (µs; the traced one when unknown)
+        self.busy_us = self.step_time_us * (100.0 - r.summary.breakdown_pct["idle"]) / 100.0
+        self.real_step_us = real * 1000.0 if real else self.step_time_us
+        g = classify_gaps(t)
+        starts = np.sort(host.to_numpy())
+        n = np.searchsorted(starts, g["end"].to_numpy()) - np.searchsorted(starts, g["start"].to_numpy())
+        real_dur = np.maximum(0.0, g["dur"].to_numpy() - self.event_cost_us * n)
+        if real:
+            budget = max(0.0, real * 1000.0 - self.busy_us) * self.n_steps
+            for cause in CAUSE_ORDER:
+                m = (g["cause"] == cause).to_numpy()
+                total = real_dur[m].sum()
+                if total > budget:
+                    real_dur[m] *= budget / total
+                budget = max(0.0, budget - real_dur[m].sum())
+        self.gaps = g.assign(events=n, real_dur=real_dur)
+
+    def kernel_units(self, rows: Iterable[int], saved_us: np.ndarray | pd.Series) -> dict[Unit, float]:
+        return units_of("k", self.rank, rows, saved_us)
+
+    def inner_gap_units(self, rows: Iterable[int], exclude_first: Iterable[int] = (), after: bool = False
+                        ) -> dict[Unit, float]:
+        """The idle gaps just before the given kernels (and just after them, with ``after``), less
+        the profiler's share: a fix that replaces those kernels also removes these launch gaps."""
+        g = self.gaps
+        if g.empty:
+            return {}
+        want = set(int(r) for r in rows) - set(int(r) for r in exclude_first)
+        hit = (g["next_kind"] == "kernel").to_numpy() & g["next_row"].isin(want).to_numpy()
+        if after:
+            hit |= (g["prev_kind"] == "kernel").to_numpy() & g["prev_row"].isin(set(int(r) for r in rows)).to_numpy()
+        m = hit & g["cause"].isin(["launch", "other"]).to_numpy()
+        sel = g[m]
+        return {("gap", self.rank, int(i)): float(d) for i, d in zip(sel.index, sel["real_dur"]) if d > 0}
+
+    def in_optimizer(self) -> pd.Series:
+        """Kernels launched inside an ``Optimizer.step#...`` span (torch.optim records one per step)."""
+        a = self.trace.annotations
+        spans = a[~a["on_gpu"] & a["name"].astype(str).str.startswith("Optimizer.step#")].sort_values("ts")
+        k = self.kernels
+        if spans.empty:
+            return pd.Series(False, index=k.index)
+        st, en = spans["ts"].to_numpy(), spans["end"].to_numpy()
+        i = np.searchsorted(st, k["launch_ts"].to_numpy(), side="right") - 1
+        inside = (i >= 0) & (k["launch_ts"].to_numpy() < en[np.maximum(i, 0)])
+        return pd.Series(inside, index=k.index)
+
+    def host_confidence(self, otherwise: str = "high") -> str:
+        """Confidence of a host-side estimate: lower when the unprofiled step time is unknown."""
+        return otherwise if self.host_scale_known else "low"
