@@ -61,7 +61,7 @@ class CommandError(GpuprofError):
 class Options:
     out: Path | None = None
     skip: int = 5
-    timed: int = 10
+    timed: int | None = None  # None: until the steady state (window.py); N: exactly N steps
     wait: int = 1
     warmup: int = 2
     active: int = 3
@@ -177,11 +177,12 @@ def record(cmd: list[str], opts: Options) -> int:
     env["PYTHONPATH"] = os.pathsep.join([str(BOOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.update(GPUPROF_RUN_DIR=str(run_dir), GPUPROF_RECORD_SHAPES="1" if opts.record_shapes else "0",
                GPUPROF_WITH_STACK="1" if opts.with_stack else "0",
-               GPUPROF_SCHEDULE=",".join(str(x) for x in (opts.skip, opts.timed, opts.wait, opts.warmup,
+               GPUPROF_SCHEDULE=",".join(str(x) for x in (opts.skip, -1 if opts.timed is None else opts.timed, opts.wait, opts.warmup,
                                                              opts.active, opts.repeat)))
     base: dict[str, Any] = {
         "command": cmd, "cwd": os.getcwd(), "host": platform.node(), "start_ns": time.time_ns(),
         "profiler": {"skip_steps": opts.skip, "timed_steps": opts.timed,
+                     "timing_rule": "steady" if opts.timed is None else "fixed",
                      "schedule": {"wait": opts.wait, "warmup": opts.warmup, "active": opts.active, "repeat": opts.repeat},
                      "record_shapes": opts.record_shapes, "with_stack": opts.with_stack},
         "failures": [],
