@@ -79,7 +79,8 @@ def main(outdir: Path, variants: list[str]) -> None:
         ms = json.loads(times.read_text())
         m = json.loads((run / "manifest.json").read_text())
         p = m["profiler"]
-        first = p["skip_steps"] + p["timed_steps"] + 1  # the step that starts the profiler (1-based)
+        # the step that starts the profiler (1-based): the steady-state window ends where the program settles
+        first = m["ranks"][0]["profiler_started_at_step"] - 1
         sched = p["schedule"]
         last = first + (sched["wait"] + sched["warmup"] + sched["active"]) * sched["repeat"]
         inside = range(first, last + 2)  # the step after the window pays for the trace export

@@ -283,15 +283,29 @@ def _schedule(ctx: click.Context, param: click.Parameter, value: str) -> tuple[i
     return parts[0], parts[1], parts[2], parts[3]
 
 
+def _timed_steps(ctx: click.Context, param: click.Parameter, value: str) -> int | None:
+    if value == "steady":
+        return None
+    try:
+        n = int(value)
+        if n < 0:
+            raise ValueError
+    except ValueError:
+        raise click.BadParameter("expected 'steady' or a number of steps >= 0") from None
+    return n
+
+
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--out", type=click.Path(path_type=Path), help="Run folder to create (default: a new one under ./gpuprof_runs/).")
 @click.option("--schedule", default="1,2,3", show_default=True, callback=_schedule,
               help="Profiler schedule WAIT,WARMUP,ACTIVE[,REPEAT] in steps, after the skipped and timed steps.")
 @click.option("--skip-steps", default=5, show_default=True, type=click.IntRange(min=0),
               help="Steps left alone at start (compilation, warm-up).")
-@click.option("--timed-steps", default=10, show_default=True, type=click.IntRange(min=0),
+@click.option("--timed-steps", default="steady", show_default=True, callback=_timed_steps, metavar="steady|N",
               help="Steps timed without the profiler (on the GPU timeline with CUDA events when the program uses "
-                   "CUDA): the real step time that corrects host-side estimates.")
+                   "CUDA): the real step time that corrects host-side estimates. 'steady': chunks of 10 steps until "
+                   "3 agree within 3 % and the DataLoader's queue is not draining (at most 200 steps or 60 s); "
+                   "N: exactly N steps.")
 @click.option("--nvml-hz", default=20.0, show_default=True, type=click.FloatRange(min=0, min_open=True, max=1000),
               help="NVML samples per second per GPU.")
 @click.option("--no-nvml", is_flag=True, help="Do not sample NVML.")
@@ -301,10 +315,11 @@ def _schedule(ctx: click.Context, param: click.Parameter, value: str) -> tuple[i
 @click.option("--record-shapes/--no-record-shapes", default=True, show_default=True,
               help="Record op input shapes (needed for FLOP/byte models).")
 @click.option("--kill-after", default=60.0, show_default=True, type=click.FloatRange(min=0), metavar="SECONDS",
-              help="After passing on Ctrl-C/SIGTERM/SIGHUP, kill what the program still runs this long after it ended.")
+              help="After passing on Ctrl-C/SIGTERM/SIGHUP (or if gpuprof itself is killed), SIGKILL what the program "
+                   "still runs this long after the signal.")
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED, required=True)
-def record(out: Path | None, schedule: tuple[int, int, int, int], skip_steps: int, timed_steps: int, nvml_hz: float,
-           no_nvml: bool, no_gpm: bool, no_nvml_counters: bool, with_stack: bool, record_shapes: bool,
+def record(out: Path | None, schedule: tuple[int, int, int, int], skip_steps: int, timed_steps: int | None,
+           nvml_hz: float, no_nvml: bool, no_gpm: bool, no_nvml_counters: bool, with_stack: bool, record_shapes: bool,
            kill_after: float, cmd: tuple[str, ...]) -> None:
     """Profile an unchanged program: gpuprof record [OPTIONS] -- CMD ARGS...
 

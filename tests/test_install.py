@@ -31,7 +31,8 @@ def test_wheel_contents(tmp_path: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for must in ("gpuprof/__init__.py", "gpuprof/py.typed", "gpuprof/trace/load.py", "gpuprof/analyzers/__init__.py",
                  "gpuprof/reports/__init__.py", "gpuprof/reports/json_report.py", "gpuprof/reports/text.py",
-                 "gpuprof/record/launcher.py", "gpuprof/record/_boot/sitecustomize.py", "gpuprof/replay/fixes.py"):
+                 "gpuprof/record/launcher.py", "gpuprof/record/_boot/sitecustomize.py", "gpuprof/record/_watchdog.py",
+                 "gpuprof/record/window.py", "gpuprof/replay/fixes.py"):
         assert must in names, must
     top = {n.split("/")[0] for n in names}
     assert not top & {"analyzers", "reports", "tests", "sample_traces"}, top

@@ -403,7 +403,7 @@ def test_processes_left_running_after_a_signal_are_killed(tmp_path: Path) -> Non
     stubborn = tmp_path / "stubborn.pid"
     p = record_bg(tmp_path, f"(trap '' INT TERM HUP; exec sleep 300) & echo $! > {stubborn}; "
                             f'"{sys.executable}" "{prog}" "{tmp_path / "progress"}" 0.01',
-                  opts=[*FAST, "--kill-after", "2"])
+                  opts=[*FAST, "--kill-after", "5"])  # counted from the signal: room for the "waiting" line
     pid = wait_progress(tmp_path / "progress", 12)
     sleeper = int(stubborn.read_text())
     try:
@@ -415,7 +415,7 @@ def test_processes_left_running_after_a_signal_are_killed(tmp_path: Path) -> Non
         assert not alive(sleeper) and not alive(pid) and time.time() - t0 < 60
         assert re.search(r"waiting for the [12] process\(es\) it left running", err), err
         m = manifest(tmp_path, "run")
-        assert any(f.startswith("killed the program's processes still running 2 s") for f in m["failures"])
+        assert any(f.startswith("killed the program's processes still running 5 s") for f in m["failures"])
         assert m["traces"]
     finally:
         _stop(p, pid, sleeper)

@@ -2,16 +2,19 @@
 
 Configured by environment variables the launcher sets (``GPUPROF_RUN_DIR``, ``GPUPROF_SCHEDULE``
 "skip,timed,wait,warmup,active,repeat", ``GPUPROF_RECORD_SHAPES``, ``GPUPROF_WITH_STACK``).
-Steps: the first ``skip`` are left alone (start-up, compilation); the next ``timed`` are timed
-without the profiler (the run's real step time); then torch.profiler runs its
+Steps: the first ``skip`` are left alone (start-up, compilation); then steps are timed without
+the profiler until they show the steady state (:mod:`gpuprof.record.window`: chunks of 10 steps
+until three agree within 3 % and the DataLoader's queue is not draining, or a budget is spent;
+``timed`` >= 0 instead times exactly that many steps); then torch.profiler runs its
 ``wait, warmup, active`` schedule ``repeat`` times and writes ``traces/{name}.json.gz``.
 
-Timing without the profiler: when the program uses CUDA, one CUDA event is recorded on the
-stepping optimizer's device at each end of the timed window, so the figure is the GPU timeline's
-step time (the host runs ahead of the GPU by as many steps as the launch queue holds; timing the
-host alone read half the real step time on a GPU-bound loop). No step synchronises: the end
-event is read once it has completed, or, at exit, waited for. Programs that never initialise
-CUDA are timed on the host clock. The record says which (``unprofiled_timing``).
+Timing without the profiler: when the program uses CUDA, a CUDA event is recorded on the
+stepping optimizer's device at each chunk boundary, so the figure is the GPU timeline's step
+time (the host runs ahead of the GPU by as many steps as the launch queue holds; timing the
+host alone read half the real step time on a GPU-bound loop). No step synchronises: an event is
+read once it has completed, or, at exit, waited for. Programs that never initialise CUDA are
+timed on the host clock. The record says which (``unprofiled_timing``), which steps the figure
+covers (``window``), every chunk's time and the spread over the window.
 
 File names: each process claims its own name before it writes anything (``O_EXCL``), so no
 process ever writes over another's files: ``rank{R}`` with R from the process group once it
@@ -19,8 +22,15 @@ exists, else from torchrun's ``RANK``; a process without a rank that is the prog
 process is ``rank0``; one started by multiprocessing (``torch.multiprocessing.spawn`` workers
 before or without a process group) is ``pid{PID}``; a name already claimed gets ``.pid{PID}``.
 
-Steps are counted from the first optimizer whose ``step()`` runs (others are ignored, so GANs
-count iterations, not optimizer calls), or from ``gpuprof.step()`` once the program calls it.
+One step is one update of the program's optimizer: steps are counted at the end of the first
+optimizer whose ``step()`` runs (others are ignored, so GANs count iterations, not optimizer
+calls), or by ``gpuprof.step()`` once the program calls it. An optimizer that holds another one
+(Lightning's ``LightningOptimizer``, Accelerate's ``AcceleratedOptimizer``, ZeRO) is a wrapper and
+never counted: the optimizer it steps is, so a wrapper's ``step`` and the inner one are one step,
+and a wrapper that skips the inner step (Accelerate between gradient-accumulation boundaries)
+counts nothing: with accumulation, one step is one optimizer step and is timed as such. Lightning
+runs forward and backward inside ``optimizer.step(closure)``; the step still ends when the
+optimizer's does. The profiler's schedule advances once per counted step.
 Any profiler error is reported in the rank's record and the program carries on unprofiled: a
 profiler failure never kills training. A program that runs a profiler of its own (torch.profiler,
 the autograd profiler, emit_nvtx/emit_itt) is left to it: gpuprof's profiler does not start, or
@@ -38,9 +48,12 @@ import os
 import signal
 import sys
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from gpuprof.record.window import Window
 
 _STATE: "Recorder | None" = None
 _EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -64,7 +77,8 @@ class Recorder:
         self.rank_source = "env" if self.env_rank is not None else None
         self.stem: str | None = None  # this process's claimed file name
         self.steps = 0
-        self.marks: list[float] = []
+        self.fixed = self.timed if self.timed >= 0 else None  # --timed-steps N, or the steady rule
+        self.window = Window(self.skip + 1, self.fixed)
         self.prof: Any = None
         self.prof_steps = 0
         self.finished = False
@@ -72,10 +86,12 @@ class Recorder:
         self.traces: list[str] = []
         self.manual = False
         self.optimizer_id: int | None = None
+        self.optimizer_name: str | None = None  # the counted optimizer's class
+        self.wrappers: set[str] = set()  # classes of the wrappers seen stepping it (never counted)
         self.device: Any = None  # the stepping optimizer's CUDA device, for the timing events
-        self.events: list[Any] = []
         self.timing: dict[str, Any] = {}
-        self.gpu_step_ms: float | None = None
+        self.loaders: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.profiled_from: int | None = None  # the first step the profiler saw  # the process's multi-worker DataLoader iterators
         self.foreign: dict[str, Any] | None = None  # the program's own profiler, once seen
         self.own = 0  # > 0 while gpuprof itself drives torch.profiler
         self.discard = False
@@ -84,90 +100,105 @@ class Recorder:
     def on_optimizer_step(self, optimizer: Any) -> None:
         if self.manual:
             return
+        if _wraps_an_optimizer(optimizer):
+            if len(self.wrappers) < 8:
+                self.wrappers.add(type(optimizer).__name__)
+            return  # a wrapper's step: the optimizer it stepped (if it did) has counted already
         if self.optimizer_id is None:
             self.optimizer_id = id(optimizer)
+            self.optimizer_name = type(optimizer).__name__
             self.device = _cuda_device_of(optimizer)
         if id(optimizer) == self.optimizer_id:
             self.step()
+
+    def manual_step(self) -> None:
+        """``gpuprof.step()``: from its first call on, it alone counts. Optimizer steps counted
+        before (the same training steps, usually one) are dropped, and the timing starts over,
+        unless the profiler has already begun."""
+        if not self.manual:
+            self.manual = True
+            if self.prof is None and not self.finished:
+                self.steps = 0
+                self.window = Window(self.skip + 1, self.fixed)
+                self.timing = {}
+        self.step()
 
     def step(self) -> None:
         self.steps += 1
         if self.finished:
             return
-        first_timed, last_timed = self.skip + 1, self.skip + self.timed + 1
-        if first_timed <= self.steps <= last_timed:
-            self.marks.append(time.perf_counter())  # timed+1 marks bound timed intervals
-            if self.steps == first_timed and self.timed > 0:
-                self._event(start=True)
-            if self.steps == last_timed:
-                if self.timed > 0:
-                    self._event(start=False)
-                self._start()
-            return
         if self.prof is not None:
             self._advance()
+            return
+        w = self.window
+        if self.steps < w.first:
+            return
+        if not w.closed:
+            w.sample(self._ready_batches())
+            if w.due(self.steps):
+                w.mark(self.steps, self._event(first=not w.marks))
+        if w.decide():
+            self._start()
+
+    def _ready_batches(self) -> int | None:
+        """Batches the workers have produced and the program not yet taken, over its multi-process
+        DataLoader iterators (None: none, or unreadable in this torch)."""
+        n, seen = 0, False
+        try:
+            for it in list(self.loaders):
+                if getattr(it, "_shutdown", True):
+                    continue
+                q, results = it._data_queue, it._worker_result_queue
+                n += q.qsize() + (results.qsize() if results is not q else 0)
+                n += sum(1 for v in it._task_info.values() if len(v) == 2)  # arrived out of order
+                seen = True
+        except Exception:
+            return None  # qsize() is not implemented everywhere (macOS)
+        return n if seen else None
 
     # --- timing without the profiler -------------------------------------------------------
-    def _event(self, start: bool) -> None:
-        """A CUDA event at one end of the timed window, on the stream the program steps on."""
+    def _event(self, first: bool) -> Any:
+        """A CUDA event at a chunk boundary, on the stream the program steps on (None: host clock)."""
+        w = self.window
         try:
             import torch
 
             cuda: Any = torch.cuda  # partly untyped
-            if start:
+            if first:
                 if not cuda.is_initialized():  # never create a CUDA context the program did not
                     self.timing = {"method": "host_clock", "why": "the program does not use CUDA"}
-                    return
+                    return None
                 if cuda.is_current_stream_capturing():
                     self.timing = {"method": "host_clock", "why": "the steps run inside CUDA graph capture"}
-                    return
-            elif not self.events:
-                return
+                    return None
+            elif not w.cuda or w.failed:
+                return None
             dev = self.device if self.device is not None else torch.device("cuda", cuda.current_device())
             ev = cuda.Event(enable_timing=True)
             ev.record(cuda.current_stream(dev))
-            self.events.append(ev)
+            w.cuda = True
             self.timing = {"method": "cuda_events", "device": str(dev)}
+            return ev
         except Exception as e:
-            self.events = []
-            self.timing = {"method": "host_clock", "why": f"CUDA events failed ({e.__class__.__name__}: {e})"}
-
-    def _gpu_ms(self, block: bool) -> float | None:
-        """Mean step time on the GPU between the window's two events; ``block`` waits for the end
-        event (only at exit), otherwise None until the GPU has passed it."""
-        if self.gpu_step_ms is None and len(self.events) == 2 and len(self.marks) >= 2:
-            try:
-                start, end = self.events
-                if not end.query():
-                    if not block:
-                        return None
-                    end.synchronize()
-                self.gpu_step_ms = float(start.elapsed_time(end)) / (len(self.marks) - 1)
-            except Exception as e:
-                self.events = []
-                self.timing = {"method": "host_clock", "why": f"CUDA events failed ({e.__class__.__name__}: {e})"}
-        return self.gpu_step_ms
-
-    def host_step_ms(self) -> float | None:
-        if len(self.marks) < self.timed + 1 or len(self.marks) < 2:
-            return None  # a window cut short (the program's own profiler, an early end) is no timing
-        return (self.marks[-1] - self.marks[0]) * 1000.0 / (len(self.marks) - 1)
+            w.failed = f"CUDA events failed ({e.__class__.__name__}: {e})"
+            return None
 
     def unprofiled(self, block: bool = False) -> tuple[float | None, dict[str, Any]]:
-        host = self.host_step_ms()
-        timing = dict(self.timing, steps=max(len(self.marks) - 1, 0))
-        if self.foreign is not None and self.foreign["at_step"] < self.skip + self.timed + 1:
-            return None, {"method": None, "why": f"the program's own profiler ({self.foreign['what']}) was active "
-                                                 f"in the timed steps", "steps": 0}
-        if host is None:
-            return None, dict(timing, method=None)
-        timing["host_step_ms"] = host
+        ms, info = self.window.result(block)
+        timing = dict(self.timing, **info)
+        if self.window.failed:
+            timing.update(method="host_clock", why=self.window.failed)
+            ms = info.get("host_step_ms")
+        if self.foreign is not None and not self.window.chunks:
+            return None, dict(timing, method=None, steps=0,
+                              why=f"the program's own profiler ({self.foreign['what']}) was active in the timed steps")
+        if ms is None:  # nothing timed, or the GPU has not yet passed the window's end
+            return None, timing if self.window.chunks and timing.get("method") else dict(timing, method=None)
         if timing.get("method") == "cuda_events":
-            gpu = self._gpu_ms(block)
-            timing["gpu_step_ms"] = gpu
-            return gpu, timing
-        timing["method"] = "host_clock"
-        return host, timing
+            timing["gpu_step_ms"] = ms
+        else:
+            timing["method"] = "host_clock"
+        return ms, timing
 
     # --- gpuprof's own profiler --------------------------------------------------------------
     @contextlib.contextmanager
@@ -179,6 +210,7 @@ class Recorder:
             self.own -= 1
 
     def _start(self) -> None:
+        self.profiled_from = self.steps + 1
         self._claim()
         if torch_profiler_enabled():
             self.on_foreign_profiler("a profiler already enabled in this process")
@@ -253,6 +285,7 @@ class Recorder:
         if self.foreign is not None:
             return
         self.foreign = {"what": what, "at_step": self.steps}
+        self.window.stop("the program's own profiler began")  # its steps are no unprofiled time
         if self.finished and self.prof is None:
             if self.steps:
                 self.write_record()  # gpuprof's window is over (or failed): only note it
@@ -318,8 +351,10 @@ class Recorder:
                 "rank": self.rank, "rank_source": self.rank_source or "pid", "world_size": self.world,
                 "pid": os.getpid(), "name": stem, **versions,
                 "steps_seen": self.steps, "step_source": "gpuprof.step()" if self.manual else "optimizer.step()",
+                "optimizer": None if self.manual else self.optimizer_name,
+                "optimizer_wrappers": sorted(self.wrappers),
                 "timed_steps": timing.get("steps", 0), "unprofiled_step_ms": step_ms, "unprofiled_timing": timing,
-                "profiled_steps": self.prof_steps, "trace": self.traces[0] if self.traces else None,
+                "profiled_steps": self.prof_steps, "profiler_started_at_step": self.profiled_from, "trace": self.traces[0] if self.traces else None,
                 "traces": self.traces, "status": status, "own_profiler": self.foreign,
                 "failures": self.failures,
             }
@@ -361,9 +396,12 @@ class Recorder:
             else:
                 self.failures.append("the program ended before the active window began; no trace was captured")
             self._stop()
-        elif not self.finished and self.steps <= self.skip + self.timed:
+        elif not self.finished:
+            window = (f"timed {self.fixed}" if self.fixed is not None else
+                      "the steady-state timing, at least 31 steps; --timed-steps N times a fixed window instead")
             self.failures.append(f"the program ended after {self.steps} steps, before profiling began "
-                                 f"(skip {self.skip} + timed {self.timed}); lower --skip-steps/--timed-steps")
+                                 f"(skip {self.skip} + {window}); lower --skip-steps/--timed-steps")
+        self.window.stop("the program ended")
         self.write_record(block=True)
 
 
@@ -371,6 +409,16 @@ def _is_main_process() -> bool:
     import multiprocessing
 
     return multiprocessing.parent_process() is None
+
+
+def _wraps_an_optimizer(optimizer: Any) -> bool:
+    """Whether ``optimizer`` holds another torch optimizer (a framework's wrapper around it)."""
+    try:
+        from torch.optim import Optimizer
+
+        return any(isinstance(v, Optimizer) and v is not optimizer for v in vars(optimizer).values())
+    except Exception:
+        return False
 
 
 def _cuda_device_of(optimizer: Any) -> Any:
@@ -417,11 +465,10 @@ def step() -> None:
     """Mark the end of one step, for loops without an optimizer (inference, evaluation).
 
     A no-op unless the program runs under ``gpuprof record``. Once called, optimizer steps are
-    no longer counted.
+    no longer counted (those counted before its first call are dropped: they were the same steps).
     """
     if _STATE is not None:
-        _STATE.manual = True
-        _STATE.step()
+        _STATE.manual_step()
 
 
 # Where a program enters a profiler of its own. torch.profiler.profile.start is seen even in a
@@ -460,13 +507,36 @@ def _watch_profilers(state: Recorder) -> None:
         setattr(cls, method, entered)
 
 
+def _watch_loaders(state: Recorder) -> None:
+    """Keep a weak reference to each multi-process DataLoader iterator the program creates, so the
+    timing can see whether their prefetched queue is draining (window.py)."""
+    try:
+        from torch.utils.data import dataloader
+
+        cls = dataloader._MultiProcessingDataLoaderIter
+        orig = cls.__dict__["__init__"]
+    except Exception:
+        return
+    if getattr(orig, "_gpuprof_watch", False):
+        return
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        orig(self, *args, **kwargs)
+        with contextlib.suppress(Exception):
+            state.loaders.add(self)
+
+    functools.update_wrapper(init, orig)
+    setattr(init, "_gpuprof_watch", True)
+    setattr(cls, "__init__", init)
+
+
 def install() -> None:
     """Called by the bootstrap once torch is imported in a process of a recorded run."""
     global _STATE
     run_dir = os.environ.get("GPUPROF_RUN_DIR")
     if not run_dir or _STATE is not None:
         return
-    sched = tuple(int(x) for x in os.environ.get("GPUPROF_SCHEDULE", "5,10,1,2,3,1").split(","))
+    sched = tuple(int(x) for x in os.environ.get("GPUPROF_SCHEDULE", "5,-1,1,2,3,1").split(","))
     _STATE = Recorder(Path(run_dir), sched,
                       os.environ.get("GPUPROF_RECORD_SHAPES", "1") == "1", os.environ.get("GPUPROF_WITH_STACK") == "1")
     state = _STATE
@@ -477,6 +547,7 @@ def install() -> None:
     except Exception as e:  # very old torch: gpuprof.step() still works
         state.failures.append(f"no global optimizer hook ({e}); call gpuprof.step() each step")
     _watch_profilers(state)
+    _watch_loaders(state)
     atexit.register(state.at_exit)
     for s in _EXIT_SIGNALS:
         if signal.getsignal(s) in (signal.SIG_DFL, None):

@@ -8,10 +8,16 @@ passes Ctrl-C to every process of a job (``bash -c "python train.py; ..."`` stop
 
 The manifest is written only once every process the program started has ended: gpuprof is the
 child subreaper on Linux (``PR_SET_CHILD_SUBREAPER``), so processes orphaned by the program come
-to it and are waited for, and a trace written by a grandchild after its parent died lands before
-the manifest. After a passed-on signal, what is still running ``kill_after`` seconds after the
-program's own process ended is killed (SIGKILL), and the manifest says so: nothing gpuprof
-started survives it. gpuprof exits with the program's exit code (128 + N when signal N ended it).
+to it, and a thread reaps every child as it ends (a program that leaves hundreds of short-lived
+orphans leaves no zombie); no child left means the whole tree has ended, so a trace written by a
+grandchild after its parent died lands before the manifest. After a passed-on signal, gpuprof says
+in one line that whatever still runs ``kill_after`` seconds later is killed, and then kills it
+(SIGKILL to the group and to every process below gpuprof, the program's own process included:
+a program that ignores SIGTERM is stopped too); the manifest says so. If gpuprof itself dies
+(``kill -9``), its watchdog (:mod:`gpuprof.record._watchdog`) stops the program's processes
+(SIGTERM, so each writes its window and record; SIGKILL ``kill_after`` s later): the program
+never outlives its recorder, and the run folder keeps what was written, without a manifest.
+gpuprof exits with the program's exit code (128 + N when signal N ended it).
 
 The run folder is claimed atomically (a second ``record`` into the same folder fails, and an
 existing non-empty ``--out`` is refused: a run is never overwritten). A command that cannot be
@@ -29,6 +35,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +61,7 @@ class CommandError(GpuprofError):
 class Options:
     out: Path | None = None
     skip: int = 5
-    timed: int = 10
+    timed: int | None = None  # None: until the steady state (window.py); N: exactly N steps
     wait: int = 1
     warmup: int = 2
     active: int = 3
@@ -170,15 +177,17 @@ def record(cmd: list[str], opts: Options) -> int:
     env["PYTHONPATH"] = os.pathsep.join([str(BOOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.update(GPUPROF_RUN_DIR=str(run_dir), GPUPROF_RECORD_SHAPES="1" if opts.record_shapes else "0",
                GPUPROF_WITH_STACK="1" if opts.with_stack else "0",
-               GPUPROF_SCHEDULE=",".join(str(x) for x in (opts.skip, opts.timed, opts.wait, opts.warmup,
+               GPUPROF_SCHEDULE=",".join(str(x) for x in (opts.skip, -1 if opts.timed is None else opts.timed, opts.wait, opts.warmup,
                                                              opts.active, opts.repeat)))
     base: dict[str, Any] = {
         "command": cmd, "cwd": os.getcwd(), "host": platform.node(), "start_ns": time.time_ns(),
         "profiler": {"skip_steps": opts.skip, "timed_steps": opts.timed,
+                     "timing_rule": "steady" if opts.timed is None else "fixed",
                      "schedule": {"wait": opts.wait, "warmup": opts.warmup, "active": opts.active, "repeat": opts.repeat},
                      "record_shapes": opts.record_shapes, "with_stack": opts.with_stack},
         "failures": [],
     }
+    group = _Group(opts.kill_after, run_dir)  # starts the watchdog, then becomes the subreaper
     sampler: Sampler | None = None
     nvml_info: dict[str, Any] = {"enabled": opts.nvml}
     if opts.nvml:
@@ -192,11 +201,11 @@ def record(cmd: list[str], opts: Options) -> int:
         except Exception as e:
             nvml_info["error"] = f"NVML unavailable ({e.__class__.__name__}: {e}); recorded without GPU samples"
             print(f"gpuprof: {nvml_info['error']}", file=sys.stderr)
-    group = _Group(opts.kill_after)
     try:
         try:
             code, sig = group.run(cmd, env)
         except OSError as e:  # it passed resolve_command, yet exec failed (a script without #!, a race)
+            group.watchdog.done()
             if sampler is not None:
                 sampler.stop()
             _remove_unused(run_dir, created)
@@ -252,17 +261,76 @@ def _children() -> list[int]:
     return out
 
 
-class _Group:
-    """The program's process group: started, signalled as a whole, and waited for to the last process."""
+def _descendants() -> list[int]:
+    """Every process below gpuprof (children, theirs, ... in any session or group), from ``/proc``."""
+    kids: dict[int, list[int]] = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            with contextlib.suppress(OSError, IndexError, ValueError), open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])  # the name in (...) may hold spaces
+                kids.setdefault(ppid, []).append(int(name))
+    out, todo = [], list(kids.get(os.getpid(), []))
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(kids.get(pid, []))
+    return sorted(out)
 
-    def __init__(self, kill_after: float) -> None:
+
+class _Watchdog:
+    """The process that stops the program if gpuprof itself dies (``_watchdog.py``)."""
+
+    def __init__(self, run_dir: Path, kill_after: float) -> None:
+        self.fd: int | None = None
+        self.error: str | None = None
+        r, w = os.pipe()  # not inheritable: the program never holds the write end
+        try:
+            subprocess.run([sys.executable, "-I", "-S", str(Path(__file__).with_name("_watchdog.py")), str(r),
+                            str(run_dir), repr(kill_after)], pass_fds=(r,), stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, check=True, timeout=60)
+            self.fd = w
+        except (OSError, subprocess.SubprocessError) as e:
+            os.close(w)
+            self.error = (f"no watchdog ({e.__class__.__name__}: {e}): if gpuprof itself is killed, the program "
+                          f"keeps running")
+        finally:
+            os.close(r)
+
+    def tell(self, line: str) -> None:
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(self.fd, f"{line}\n".encode())
+
+    def done(self) -> None:
+        """Every process of the program has ended: the watchdog leaves without stopping anything."""
+        self.tell("done")
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class _Group:
+    """The program's processes: started, signalled, reaped as they end, waited for to the last one,
+    and killed if they outlive a passed-on signal by ``kill_after`` seconds or outlive gpuprof."""
+
+    def __init__(self, kill_after: float, run_dir: Path) -> None:
         self.kill_after = kill_after
         self.pgid: int | None = None
         self.signalled_at: float | None = None
+        self.signals: list[int] = []
         self.notes: list[str] = []
         self.old: dict[int, Any] = {}
         self.pending: list[int] = []
+        self.watchdog = _Watchdog(run_dir, kill_after)  # before the subreaper: it must not be re-parented to us
+        if self.watchdog.error:
+            self.notes.append(self.watchdog.error)
         self.subreaper = _become_subreaper()
+        self.status: int | None = None  # the program's own process's wait status, once reaped
+        self.ended_at: float | None = None
+        self.reaped = 0  # processes reaped besides the program's own (its orphans)
+        self.all_ended = threading.Event()
 
     def _send(self, signum: int) -> None:
         if self.pgid is None:
@@ -276,8 +344,10 @@ class _Group:
                     os.kill(pid, signum)
 
     def forward(self, signum: int, frame: Any) -> None:
+        """The signal handler (main thread): pass the signal on; the main loop says so and escalates."""
         if self.signalled_at is None:
             self.signalled_at = time.monotonic()
+        self.signals.append(signum)
         self._send(signum)
 
     def restore(self) -> None:
@@ -293,24 +363,37 @@ class _Group:
         else:  # pragma: no cover - Python 3.10
             child = subprocess.Popen(cmd, env=env, preexec_fn=os.setpgrp)  # noqa: PLW1509
         self.pgid = child.pid
+        self.watchdog.tell(f"pgid {child.pid}")
         for s in self.pending:
             self._send(s)
-        rc = child.wait()
-        self._wait_rest(cmd[0], child.pid)
+        threading.Thread(target=self._reap, args=(child,), name="gpuprof-reaper", daemon=True).start()
+        self._wait(cmd[0], child.pid)
+        assert self.status is not None  # _wait returns once the reaper has seen the program end
+        rc = os.waitstatus_to_exitcode(self.status)
+        child.returncode = rc  # reaped here, not by Popen
+        self.watchdog.done()
         if rc < 0:
             return 128 - rc, -rc
         return rc, None
 
-    def _alive(self) -> bool:
-        """Reap finished orphans; whether any process of the group, or orphan of the program, lives."""
-        if self.subreaper:
-            while True:
-                try:
-                    pid, _ = os.waitpid(-1, os.WNOHANG)
-                except ChildProcessError:
-                    return False  # no child left at all: the whole tree has ended
-                if pid == 0:
-                    return True
+    def _reap(self, child: subprocess.Popen[bytes]) -> None:
+        """Reaper thread: wait for every child as it ends, the program's orphans included (gpuprof is
+        their subreaper), so none stays a zombie; no child left at all means the program's whole
+        tree has ended (an orphan of the program comes to gpuprof before its parent is gone)."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
+            if pid == child.pid:
+                self.status, self.ended_at = status, time.monotonic()
+                if not self.subreaper:
+                    break  # orphans go to init: only the group can be watched (_group_alive)
+            else:
+                self.reaped += 1
+        self.all_ended.set()
+
+    def _group_alive(self) -> bool:
         try:
             os.killpg(self.pgid or 0, 0)
             return True
@@ -319,22 +402,42 @@ class _Group:
         except PermissionError:
             return True
 
-    def _wait_rest(self, name: str, pid: int) -> None:
-        ended = time.monotonic()
-        told = killed = False
-        while self._alive():
+    def _kill_all(self) -> list[int]:
+        """SIGKILL the program's group and every process below gpuprof; the pids killed."""
+        pids = _descendants()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pgid or 0, signal.SIGKILL)
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        return pids
+
+    def _wait(self, name: str, pid: int) -> None:
+        """Until the program's every process has ended; after a passed-on signal, SIGKILL what still
+        runs ``kill_after`` seconds later (the program's own process included)."""
+        told = announced = False
+        killed: list[int] | None = None
+        while True:
+            if self.all_ended.wait(0.2) and (self.subreaper or not self._group_alive()):
+                return
             now = time.monotonic()
-            if not told and now - ended > 1.0:
+            if self.signalled_at is not None and not announced:
+                print(f"gpuprof: passed {signal.Signals(self.signals[0]).name} on to the program; what still runs "
+                      f"{self.kill_after:g} s later is killed (SIGKILL; --kill-after)", file=sys.stderr)
+                announced = True
+            if not told and self.ended_at is not None and now - self.ended_at > 1.0:
                 left = [str(p) for p in _children()] or ["?"]
                 print(f"gpuprof: {name} (pid {pid}) ended; waiting for the {len(left)} process(es) it left running "
                       f"(pid {', '.join(left[:8])}) before writing the manifest; Ctrl-C stops them",
                       file=sys.stderr)
                 told = True
-            if (not killed and self.signalled_at is not None
-                    and now - max(ended, self.signalled_at) > self.kill_after):
-                pids = ", ".join(str(p) for p in _children()[:8]) or f"group {self.pgid}"
-                self._send(signal.SIGKILL)
-                self.notes.append(f"killed the program's processes still running {self.kill_after:g} s after it was "
-                                  f"signalled (pid {pids})")
-                killed = True
-            time.sleep(0.05)
+            if self.signalled_at is not None and now - self.signalled_at > self.kill_after:
+                pids = self._kill_all()  # every round: a process forked meanwhile goes too
+                if killed is None:
+                    killed = pids
+                    shown = ", ".join(str(p) for p in pids[:8]) + (f" and {len(pids) - 8} more" if len(pids) > 8
+                                                                    else "")
+                    note = (f"killed the program's processes still running {self.kill_after:g} s after "
+                            f"{signal.Signals(self.signals[0]).name} was passed on (pid {shown or self.pgid})")
+                    self.notes.append(note)
+                    print(f"gpuprof: {note}", file=sys.stderr)

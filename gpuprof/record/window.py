@@ -1,0 +1,213 @@
+"""The unprofiled window: which steps the recorder times, and when it has seen the steady state.
+
+A program's first steps are not its steady state: compilation, cuDNN's autotuning and the
+allocator's growth slow them; a DataLoader's prefetched queue speeds them (its workers filled it
+while the program started, and it runs from it faster than they produce until it is drained: a
+Lightning program read 19.17 ms against its own steady 25.1-25.3 ms). So the recorder skips
+``--skip-steps`` steps and then, by default (the ``steady`` rule), times consecutive chunks of
+:data:`CHUNK_STEPS` steps until the last :data:`AGREE_CHUNKS` chunks agree and the DataLoader's
+queue is not draining:
+
+- agree: the largest and the smallest of their mean step times differ by at most
+  :data:`AGREE_PCT` % of their mean. Two plain runs of one program differ by 0.5-1 % on the H200
+  (Lightning 25.14/25.28 ms, the GPT 27.99/27.85 ms) and the recorder must land within 5 % of the
+  program's own clock: 3 % over three chunks is tight enough to leave room for run-to-run noise
+  and loose enough to be met by a steady loop whose single steps jitter (30 steps average it out);
+  three chunks, not two, so that a slow drift (1.5 % a chunk) is not taken for a plateau.
+- not draining: the fewest batches found ready in the program's multi-process DataLoader queues at
+  a step of the last chunk is not below that of the first chunk. While a prefetched queue drains,
+  every step runs at the GPU's pace and the chunks agree perfectly, so agreement alone would stop
+  in the fast phase; the queue's level tells. A loop that waits for its workers holds ~0 ready
+  batches (steady), a loop its workers keep up with holds a constant floor (steady), a draining
+  queue sets a new low every chunk. No DataLoader with workers: only the agreement counts.
+
+Or a budget is spent (:data:`BUDGET_STEPS` timed steps or :data:`BUDGET_S` seconds, whichever
+first: a loop that never settles, such as a host-bound one whose steps vary by 20 %, is still
+profiled, at most a minute late); then the last chunks are taken, and the record says the timing
+did not converge and shows the spread. With ``--timed-steps N`` the window is instead the N steps
+after the skipped ones (``fixed``, one chunk), as before: for short programs and tests.
+
+Chunk ends are marked without synchronising anything: a CUDA event on the stepping optimizer's
+stream at each chunk boundary (so the figure is the GPU timeline's step time, the host runs ahead
+by as many steps as the launch queue holds), queried without blocking at each later step; the
+decision is taken once the GPU has passed the chunks it is about, a few steps after the host.
+Programs that do not use CUDA are timed on the host clock.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+CHUNK_STEPS = 10
+AGREE_CHUNKS = 3
+AGREE_PCT = 3.0
+BUDGET_STEPS = 200
+BUDGET_S = 60.0
+
+
+@dataclass
+class Chunk:
+    """Consecutive timed steps ``first_step..last_step`` (1-based step counts, both included)."""
+
+    first_step: int
+    last_step: int
+    host_ms: float  # per step, on the host clock between the two boundaries
+    ready_min: int | None  # fewest DataLoader batches found ready at a step of the chunk (None: no such loader)
+    gpu_ms: float | None = None  # per step, on the GPU timeline, once the GPU has passed the chunk's end
+
+    @property
+    def steps(self) -> int:
+        return self.last_step - self.first_step + 1
+
+
+def agreement(ms: list[float]) -> float:
+    """(largest - smallest) / mean of chunk step times, in %."""
+    mean = sum(ms) / len(ms)
+    return 100.0 * (max(ms) - min(ms)) / mean if mean > 0 else math.inf
+
+
+def steady(chunks: list[Chunk], ms: list[float], k: int = AGREE_CHUNKS, pct: float = AGREE_PCT) -> bool:
+    """Whether the last ``k`` chunks (their step times ``ms``) are the steady state (module doc)."""
+    if len(ms) < k:
+        return False
+    last, first = chunks[len(ms) - 1], chunks[len(ms) - k]
+    draining = (first.ready_min is not None and last.ready_min is not None and last.ready_min < first.ready_min)
+    return agreement(ms[-k:]) <= pct and not draining
+
+
+class Window:
+    """The timing of the unprofiled steps of one process, boundary by boundary.
+
+    ``fixed`` is the number of steps of a fixed window (``--timed-steps N``), None for the steady
+    rule. ``event()`` makes and records a CUDA event at a boundary (None: host clock only).
+    """
+
+    def __init__(self, first_boundary: int, fixed: int | None, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.first = first_boundary
+        self.fixed = fixed
+        self.clock = clock
+        self.marks: list[tuple[int, float, Any]] = []  # (step, host time, CUDA event or None)
+        self.chunks: list[Chunk] = []
+        self.ready: int | None = None  # running minimum of the loader's ready batches in the open chunk
+        self.closed = False  # no more boundaries (decided, budget spent or the program's profiler began)
+        self.decided = False
+        self.converged: bool | None = None
+        self.why: str | None = None
+        self.cuda = False
+        self.failed: str | None = None
+
+    # --- boundaries ------------------------------------------------------------------------
+    def due(self, step: int) -> bool:
+        """Whether ``step``'s end is a chunk boundary."""
+        if self.closed or step < self.first:
+            return False
+        if self.fixed is not None:
+            return step in (self.first, self.first + self.fixed) and (self.fixed > 0 or not self.marks)
+        return (step - self.first) % CHUNK_STEPS == 0
+
+    def sample(self, ready: int | None) -> None:
+        """The loader's ready batches at one step of the open chunk."""
+        if ready is not None:
+            self.ready = ready if self.ready is None else min(self.ready, ready)
+
+    def mark(self, step: int, event: Any) -> None:
+        now = self.clock()
+        if self.marks:
+            s0, t0, _ = self.marks[-1]
+            self.chunks.append(Chunk(s0 + 1, step, (now - t0) * 1000.0 / (step - s0), self.ready))
+        self.marks.append((step, now, event))
+        self.ready = None
+        if self.fixed is not None and (self.fixed == 0 or len(self.marks) == 2):
+            self.closed = self.decided = True  # the profiler starts now; the GPU's figure is read later
+        elif self.fixed is None and (step - self.first >= BUDGET_STEPS or now - self.marks[0][1] >= BUDGET_S):
+            self.closed = True
+            self.why = (f"the budget of {BUDGET_STEPS} timed steps was spent" if step - self.first >= BUDGET_STEPS
+                        else f"the budget of {BUDGET_S:g} s of timing was spent")
+
+    # --- reading the GPU's times -----------------------------------------------------------
+    def resolve(self, block: bool = False) -> None:
+        """Read the GPU time of every chunk whose end event has completed (``block``: wait for all)."""
+        if not self.cuda or self.failed:
+            return
+        try:
+            for i, chunk in enumerate(self.chunks):
+                if chunk.gpu_ms is not None:
+                    continue
+                start, end = self.marks[i][2], self.marks[i + 1][2]
+                if not end.query():
+                    if not block:
+                        return
+                    end.synchronize()
+                chunk.gpu_ms = float(start.elapsed_time(end)) / chunk.steps
+        except Exception as e:  # a lost context at exit, a broken event: the host figure stays
+            self.failed = f"CUDA events failed ({e.__class__.__name__}: {e})"
+
+    def times(self) -> list[float]:
+        """The step time of each chunk known so far, in order (GPU timeline when timed with events)."""
+        if not self.cuda or self.failed:
+            return [c.host_ms for c in self.chunks]
+        out = []
+        for c in self.chunks:
+            if c.gpu_ms is None:
+                break
+            out.append(c.gpu_ms)
+        return out
+
+    def decide(self) -> bool:
+        """Under the steady rule, whether timing is over (converged, or the budget spent and read);
+        called at each step. Fixed windows decide at their second boundary."""
+        if self.decided:
+            return True
+        self.resolve(block=self.closed)  # once the budget is spent, one wait for the GPU
+        ms = self.times()
+        if steady(self.chunks, ms):
+            self.converged = self.decided = self.closed = True
+        elif self.closed:
+            self.converged, self.decided = False, True
+        return self.decided
+
+    def stop(self, why: str) -> None:
+        """No more chunks (the program's profiler began, or the program ends)."""
+        if not self.decided:
+            self.closed, self.decided, self.converged = True, True, False
+            self.why = self.why or why
+
+    # --- the result ------------------------------------------------------------------------
+    def window(self) -> list[Chunk]:
+        """The chunks the figure is taken from: the last that agree, or the last AGREE_CHUNKS."""
+        n = len(self.times())
+        if self.fixed is not None:
+            return self.chunks[:n]
+        return self.chunks[max(n - AGREE_CHUNKS, 0):n]
+
+    def result(self, block: bool = False) -> tuple[float | None, dict[str, Any]]:
+        """The mean step time over the window and how it was measured (for the rank's record)."""
+        self.resolve(block)
+        ms = self.times()
+        win = self.window()
+        info: dict[str, Any] = {"rule": "fixed" if self.fixed is not None else "steady",
+                                "steps": sum(c.steps for c in win)}
+        if self.fixed is None:
+            info.update(chunk_steps=CHUNK_STEPS, agree_chunks=AGREE_CHUNKS, agree_pct=AGREE_PCT,
+                        converged=self.converged)
+            if self.converged is False and self.why:
+                info["not_converged_why"] = self.why
+        info["chunks"] = [{"steps": [c.first_step, c.last_step], "ms": round(m, 4), "host_ms": round(c.host_ms, 4),
+                           **({"loader_ready_min": c.ready_min} if c.ready_min is not None else {})}
+                          for c, m in zip(self.chunks, ms)]
+        if not win:
+            return None, info
+        wms = ms[len(ms) - len(win):] if self.fixed is None else ms[:len(win)]
+        steps = sum(c.steps for c in win)
+        mean = sum(m * c.steps for m, c in zip(wms, win)) / steps
+        info["window"] = {"first_step": win[0].first_step, "last_step": win[-1].last_step}
+        info["host_step_ms"] = sum(c.host_ms * c.steps for c in win) / steps
+        if len(wms) > 1:
+            sd = math.sqrt(sum((m - mean) ** 2 for m in wms) / (len(wms) - 1))
+            info.update(spread_pct=round(agreement(wms), 3), stddev_ms=round(sd, 4),
+                        sem_ms=round(sd / math.sqrt(len(wms)), 4))
+        return mean, info

@@ -1,0 +1,85 @@
+"""The framework programs of sample_traces/programs/frameworks/ under `gpuprof record` (#25).
+
+On CPU (dry runs, ``--device cpu --tiny``; each skipped where its framework is not installed):
+the real wrappers (Lightning's LightningOptimizer running the closure inside ``step``,
+Accelerate's AcceleratedOptimizer with gradient accumulation 2, HF Trainer, FSDP2 under torchrun,
+a compiled model) count exactly one step per optimizer step, the profiler's schedule advances once
+per step, and a trace is written.
+
+On a GPU (``pytest -m gpu``): each program at full size, once plain and once recorded: the
+recorder's ``unprofiled_step_ms`` is within 5 % of the program's own clock (CUDA events over its
+steps 60-100) and the timing converged.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.test_record_steps import profiler_steps
+
+PROGRAMS = ROOT / "sample_traces" / "programs" / "frameworks"
+# name -> (module it needs, command after python, the counted optimizer's class)
+CASES: dict[str, tuple[str, list[str], str]] = {
+    "lightning_resnet": ("lightning", [str(PROGRAMS / "lightning_resnet.py")], "SGD"),
+    "hf_trainer_gpt2": ("transformers", [str(PROGRAMS / "hf_trainer_gpt2.py")], "AdamW"),
+    "accelerate_loop": ("accelerate", [str(PROGRAMS / "accelerate_loop.py")], "AdamW"),
+    "compiled": ("torch", [str(PROGRAMS / "compiled.py")], "AdamW"),
+    "fsdp2": ("torch", ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
+                        str(PROGRAMS / "fsdp2.py")], "AdamW"),
+}
+
+
+def record(tmp: Path, name: str, opts: list[str], args: list[str], timeout: float) -> tuple[dict[str, Any],
+                                                                                          dict[str, Any]]:
+    """Record one program; its manifest and its own clock."""
+    own = tmp / f"{name}.own.json"
+    r = subprocess.run([sys.executable, "-m", "gpuprof.cli", "record", "--out", str(tmp / name), *opts, "--",
+                        sys.executable, *CASES[name][1], *args, "--timing-out", str(own)],
+                       capture_output=True, text=True, timeout=timeout, cwd=tmp)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads((tmp / name / "manifest.json").read_text()), json.loads(own.read_text())
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_framework_dry_run_counts_one_step_per_optimizer_step(tmp_path: Path, name: str) -> None:
+    module, _, optimizer = CASES[name]
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed")
+    extra = ["--backend", "aot_eager"] if name == "compiled" else []  # inductor compiles for a minute on 2 cores
+    m, own = record(tmp_path, name, ["--skip-steps", "2", "--timed-steps", "3", "--schedule", "1,1,2", "--no-nvml"],
+                    ["--device", "cpu", "--tiny", "--steps", "20", "--clock-steps", "5,15", *extra], timeout=600)
+    (rank,) = m["ranks"]
+    assert own["optimizer_steps"] == 20 and rank["steps_seen"] == 20, (own, rank)
+    assert rank["optimizer"] == optimizer and rank["step_source"] == "optimizer.step()"
+    assert rank["profiled_steps"] == 4 and rank["status"] == "complete", rank
+    assert profiler_steps(tmp_path / name / rank["trace"]) == ["ProfilerStep#2", "ProfilerStep#3"]
+    if name == "fsdp2":
+        assert rank["rank"] == 0 and rank["rank_source"] == "process_group"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_framework_unprofiled_step_matches_its_own_clock(tmp_path: Path, name: str) -> None:
+    """#25: the recorder's steady-state figure within 5 % of the plain program's own clock."""
+    plain = tmp_path / f"{name}.plain.json"
+    r = subprocess.run([sys.executable, *CASES[name][1], "--timing-out", str(plain)], capture_output=True, text=True,
+                       timeout=600, cwd=tmp_path, env={**os.environ, "NCCL_NVLS_ENABLE": "0"})
+    assert r.returncode == 0, r.stderr[-4000:]
+    own = json.loads(plain.read_text())["step_ms"]
+    m, rec_own = record(tmp_path, name, ["--schedule", "1,1,2"], [], timeout=600)
+    timing = m["ranks"][0]["unprofiled_timing"]
+    got = m["unprofiled_step_ms"]
+    print(json.dumps({"program": name, "own_clock_ms": own, "recorded_runs_own_clock_ms": rec_own.get("step_ms"),
+                      "unprofiled_step_ms": got, "timing": timing}, indent=1))
+    assert timing["method"] == "cuda_events" and timing["converged"] is True, timing
+    assert m["ranks"][0]["steps_seen"] == rec_own["optimizer_steps"]
+    assert abs(got - own) <= 0.05 * own, (got, own)

@@ -1,0 +1,229 @@
+"""The unprofiled window measures the steady state, and one step is one optimizer step (#25).
+
+- The steady rule (gpuprof/record/window.py) on SYNTHETIC chunk times: warm-up, a draining
+  prefetch queue, a loop its workers keep up with, a loop that never settles.
+- End to end on CPU torch (host clock): a program whose DataLoader workers fill a deep queue
+  while its first step is slow, then produce slower than it consumes, so its first ~40 steps run
+  from the queue at 40 ms and its steady state is 50 ms. The old fixed window (10 steps after 5)
+  read the fast phase; the recorder must land within 5 % of the program's own clock.
+- Step counting with wrappers: a Lightning-like wrapper whose step is hooked too (as after a
+  ``load_state_dict`` on it, which patches its class), an Accelerate-like wrapper with gradient
+  accumulation, and ``gpuprof.step()`` called beside ``optimizer.step()``: each training step is
+  counted once. The real frameworks are checked in test_record_frameworks.py.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuprof.record.window import AGREE_CHUNKS, BUDGET_STEPS, CHUNK_STEPS, Window
+from tests.test_record import FAST, manifest, record, write
+
+
+def run_window(ms: list[float], ready: list[int | None] | None = None, start: int = 6) -> tuple[Window, int]:
+    """Feed a Window per-step times (host clock, a fake one) until it decides; the deciding step."""
+    now = [0.0]
+    w = Window(start, None, clock=lambda: now[0])
+    for i, dt in enumerate(ms):
+        step = start + i
+        now[0] += dt / 1000.0
+        w.sample(ready[i] if ready else None)
+        if w.due(step):
+            w.mark(step, None)
+        if w.decide():
+            return w, step
+    w.stop("the program ended")
+    return w, -1
+
+
+def test_warm_up_chunks_are_left_out() -> None:
+    ms = [30.0] * 10 + [22.0] * 10 + [20.0] * 200
+    w, at = run_window(ms)
+    got, info = w.result()
+    assert info["converged"] is True and got == pytest.approx(20.0)
+    assert info["window"]["first_step"] > 6 + 20 and at == info["window"]["last_step"]
+    assert info["steps"] == AGREE_CHUNKS * CHUNK_STEPS and info["spread_pct"] == 0.0
+    assert [c["ms"] for c in info["chunks"]][:2] == [pytest.approx(30.0, rel=0.1), pytest.approx(22.0, rel=0.1)]
+
+
+def test_a_draining_prefetch_queue_is_not_the_steady_state() -> None:
+    """40 fast steps from a queue of 8 batches falling to 0, then 50 ms steps: the fast chunks
+    agree perfectly, but the queue's level falls, so only the later chunks count."""
+    ms = [40.0] * 40 + [50.0] * 200
+    ready = [max(8 - i // 5, 0) for i in range(40)] + [0] * 200
+    w, _ = run_window(ms, ready)
+    got, info = w.result()
+    assert info["converged"] is True and got == pytest.approx(50.0, rel=0.01)
+    assert info["window"]["first_step"] >= 6 + 40
+    assert [c["loader_ready_min"] for c in info["chunks"]][:4] == [6, 4, 2, 0]
+    w, _ = run_window(ms)  # without the loader's level, agreement alone stops in the fast phase
+    assert w.result()[0] == pytest.approx(40.0)
+
+
+def test_a_loop_its_workers_keep_up_with_converges() -> None:
+    """GPU-bound: the queue stays near full, its level fluctuating by the number of workers."""
+    ms = [20.0] * 300
+    ready = [8 - (i % 4) for i in range(300)]
+    w, at = run_window(ms, ready)
+    assert w.result()[1]["converged"] is True and at < 6 + 5 * CHUNK_STEPS
+
+
+def test_a_loop_that_never_settles_stops_at_the_budget() -> None:
+    ms = [20.0 if (i // 10) % 2 else 30.0 for i in range(400)]
+    w, at = run_window(ms)
+    got, info = w.result()
+    assert info["converged"] is False and "200 timed steps" in info["not_converged_why"]
+    assert at == 6 + BUDGET_STEPS and info["steps"] == AGREE_CHUNKS * CHUNK_STEPS
+    assert info["spread_pct"] > 25 and info["stddev_ms"] > 0 and info["sem_ms"] > 0 and 20 < got < 30
+
+
+def test_a_fixed_window_is_the_n_steps_after_the_skipped_ones() -> None:
+    now = [0.0]
+    w = Window(3, 4, clock=lambda: now[0])
+    marks = []
+    for step in range(1, 12):
+        now[0] += 0.01
+        if w.due(step):
+            w.mark(step, None)
+            marks.append(step)
+    assert marks == [3, 7] and w.decide()
+    got, info = w.result()
+    assert got == pytest.approx(10.0) and info["rule"] == "fixed" and info["window"] == {"first_step": 4,
+                                                                                         "last_step": 7}
+
+
+# --- end to end: the prefetched queue of a real DataLoader ---------------------------------------
+
+PREFETCH = """
+import json, sys, time, torch
+from torch.utils.data import DataLoader, Dataset
+
+class Slow(Dataset):  # each batch takes a worker 100 ms: 2 workers give one every 50 ms
+    def __len__(self):
+        return 10_000
+    def __getitem__(self, i):
+        time.sleep(0.1)
+        return torch.randn(8)
+
+if __name__ == "__main__":
+    out, steps = sys.argv[1], int(sys.argv[2])
+    dl = DataLoader(Slow(), batch_size=None, num_workers=2, prefetch_factor=4, multiprocessing_context="fork")
+    m = torch.nn.Linear(8, 1); opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    ends = []
+    for i, x in enumerate(dl):
+        if i == 0:
+            time.sleep(1.0)  # a slow first step (start-up): the workers fill the queue (8 batches)
+        m(x).sum().backward(); opt.step(); opt.zero_grad()
+        time.sleep(0.04)  # the step's own work: 40 ms, faster than the workers produce
+        ends.append(time.perf_counter())
+        if i + 1 == steps:
+            break
+    own = (ends[-1] - ends[109]) * 1000 / (len(ends) - 110)  # steps 111-150: long after the queue drained
+    json.dump({"step_ms": own, "first_steps_ms": (ends[15] - ends[5]) * 100}, open(out, "w"))
+"""
+
+
+def test_the_window_waits_for_the_prefetched_queue_to_drain(tmp_path: Path) -> None:
+    prog = write(tmp_path, "prefetch.py", PREFETCH)
+    r = record(tmp_path, "run", sys.executable, str(prog), str(tmp_path / "own.json"), "150", opts=[])
+    assert r.returncode == 0, r.stderr[-3000:]
+    own = json.loads((tmp_path / "own.json").read_text())
+    m = manifest(tmp_path, "run")
+    timing = m["ranks"][0]["unprofiled_timing"]
+    got = m["unprofiled_step_ms"]
+    # the case: the steps the old fixed window timed (6-15) ran from the queue, 20 % fast
+    assert own["first_steps_ms"] < 0.9 * own["step_ms"], own
+    assert timing["rule"] == "steady" and timing["converged"] is True, timing
+    assert abs(got - own["step_ms"]) <= 0.05 * own["step_ms"], (got, own, timing)
+    assert timing["window"]["first_step"] > 15 and "loader_ready_min" in timing["chunks"][0]
+    assert m["profiler"]["timing_rule"] == "steady" and m["traces"]
+
+
+# --- step counting -----------------------------------------------------------------------------
+
+COUNT = """
+import json, sys, torch
+import gpuprof
+
+class LightningLike:
+    \"\"\"As Lightning's LightningOptimizer: its class subclasses the optimizer's, it shares its
+    __dict__, and its step(closure) calls the inner optimizer's step with the closure, which
+    runs forward and backward inside it.\"\"\"
+    def __init__(self, opt):
+        self.__dict__ = {k: v for k, v in opt.__dict__.items() if k not in ("step", "__del__")}
+        self._optimizer = opt
+        self.__class__ = type("Lightning" + opt.__class__.__name__, (self.__class__, opt.__class__), {})
+    def step(self, closure=None):
+        return self._optimizer.step(closure)
+
+class AcceleratedLike(torch.optim.Optimizer):
+    \"\"\"As Accelerate's AcceleratedOptimizer, made a hooked optimizer itself: its step steps the
+    inner one only at gradient-accumulation boundaries.\"\"\"
+    def __init__(self, opt, every):
+        super().__init__([torch.zeros(1, requires_grad=True)], {})
+        self.optimizer, self.every, self.calls = opt, every, 0
+    def step(self, closure=None):
+        self.calls += 1
+        if self.calls % self.every == 0:
+            self.optimizer.step(closure)
+
+mode, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+m = torch.nn.Linear(32, 4)
+inner = torch.optim.SGD(m.parameters(), lr=0.01)
+loss = lambda: m(torch.randn(8, 32)).sum()
+updates = 0
+if mode == "lightning":
+    opt = LightningLike(inner)
+    opt.load_state_dict(opt.state_dict())  # as a resumed run does: this hooks the wrapper's step too
+    for i in range(steps):
+        def closure():
+            opt.zero_grad(); l = loss(); l.backward(); return l
+        opt.step(closure); updates += 1
+elif mode == "accumulate":
+    opt = AcceleratedLike(inner, 2)
+    for i in range(2 * steps):  # two micro-batches per optimizer step; step() called after each
+        loss().backward(); opt.step()
+        if (i + 1) % 2 == 0:
+            inner.zero_grad(); updates += 1
+elif mode == "manual":
+    for i in range(steps):
+        loss().backward(); inner.step(); inner.zero_grad(); gpuprof.step(); updates += 1
+json.dump({"updates": updates}, open(out, "w"))
+"""
+
+
+def profiler_steps(trace: Path) -> list[str]:
+    with gzip.open(trace) as f:
+        events: list[dict[str, Any]] = json.load(f)["traceEvents"]
+    return sorted({e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")})
+
+
+@pytest.mark.parametrize("mode", ["lightning", "accumulate", "manual"])
+def test_one_step_per_optimizer_step(tmp_path: Path, mode: str) -> None:
+    prog = write(tmp_path, "count.py", COUNT)
+    r = record(tmp_path, "run", sys.executable, str(prog), mode, "20", str(tmp_path / "own.json"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    updates = json.loads((tmp_path / "own.json").read_text())["updates"]
+    m = manifest(tmp_path, "run")
+    (rank,) = m["ranks"]
+    assert updates == 20 and rank["steps_seen"] == updates, rank
+    assert rank["profiled_steps"] == 4 and rank["profiler_started_at_step"] == 7  # FAST: skip 2, timed 3
+    assert profiler_steps(tmp_path / "run" / rank["trace"]) == ["ProfilerStep#2", "ProfilerStep#3"]  # 1,1,2
+    if mode == "manual":
+        assert rank["step_source"] == "gpuprof.step()"
+    else:
+        assert rank["optimizer"] == "SGD" and rank["optimizer_wrappers"] == [
+            "LightningSGD" if mode == "lightning" else "AcceleratedLike"]
+
+
+def test_timed_steps_takes_steady_or_a_number(tmp_path: Path) -> None:
+    r = record(tmp_path, "run", sys.executable, "-c", "pass", opts=["--timed-steps", "often"])
+    assert r.returncode == 2 and "expected 'steady' or a number of steps" in r.stderr
+    assert FAST[2:4] == ["--timed-steps", "3"]
