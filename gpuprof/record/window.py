@@ -2,30 +2,29 @@
 
 A program's first steps are not its steady state: compilation, cuDNN's autotuning and the
 allocator's growth slow them; a DataLoader's prefetched queue speeds them (its workers filled it
-while the program started, and it runs from it faster than they produce until it is drained: a
-Lightning program read 19.17 ms against its own steady 25.1-25.3 ms). So the recorder skips
+while the program started, and it runs from it faster than they produce until it is drained). And
+a real training loop's steps vary by 5-20 % from chunk to chunk (logging, the input pipeline, the
+host), so a few steps that happen to agree are no measure of it. So the recorder skips
 ``--skip-steps`` steps and then, by default (the ``steady`` rule), times consecutive chunks of
-:data:`CHUNK_STEPS` steps until the last :data:`AGREE_CHUNKS` chunks agree and the DataLoader's
-queue is not draining:
+:data:`CHUNK_STEPS` steps and reports the mean over every chunk of the steady phase:
 
-- agree: the largest and the smallest of their mean step times differ by at most
-  :data:`AGREE_PCT` % of their mean. Two plain runs of one program differ by 0.5-1 % on the H200
-  (Lightning 25.14/25.28 ms, the GPT 27.99/27.85 ms) and the recorder must land within 5 % of the
-  program's own clock: 3 % over three chunks is tight enough to leave room for run-to-run noise
-  and loose enough to be met by a steady loop whose single steps jitter (30 steps average it out);
-  three chunks, not two, so that a slow drift (1.5 % a chunk) is not taken for a plateau.
-- not draining: the fewest batches found ready in the program's multi-process DataLoader queues at
-  a step of the last chunk is not below that of the first chunk. While a prefetched queue drains,
-  every step runs at the GPU's pace and the chunks agree perfectly, so agreement alone would stop
-  in the fast phase; the queue's level tells. A loop that waits for its workers holds ~0 ready
-  batches (steady), a loop its workers keep up with holds a constant floor (steady), a draining
-  queue sets a new low every chunk. No DataLoader with workers: only the agreement counts.
+- the steady phase starts after the DataLoader's queue has stopped draining (the fewest batches
+  found ready in the program's multi-process DataLoader queues during a chunk fell below the
+  previous chunk's: while a prefetched queue drains, every step runs at the GPU's pace) and after
+  the warm-up transient, found by the marginal standard error rule (MSER: the truncation point
+  ``d`` of the chunk means that minimises the squared deviations of the rest over
+  ``(n - d)**2``, at most half of them; White, 1997), so neither a threshold nor the agreement of
+  a few chunks decides it;
+- timing stops once the steady phase holds at least :data:`MIN_CHUNKS` chunks and the standard
+  error of its mean is within :data:`SEM_PCT` % of the mean (an unbiased figure whose own error
+  is well inside the 5 % a user needs), or once a budget is spent (:data:`BUDGET_STEPS` timed
+  steps or :data:`BUDGET_S` seconds, whichever first: the profiled steps must still come while a
+  short program runs, and a loop whose chunks vary by 20 % is profiled at most half a minute
+  late); then the steady phase's mean is taken and the record says the timing did not converge,
+  with its spread and standard error.
 
-Or a budget is spent (:data:`BUDGET_STEPS` timed steps or :data:`BUDGET_S` seconds, whichever
-first: a loop that never settles, such as a host-bound one whose steps vary by 20 %, is still
-profiled, at most a minute late); then the last chunks are taken, and the record says the timing
-did not converge and shows the spread. With ``--timed-steps N`` the window is instead the N steps
-after the skipped ones (``fixed``, one chunk), as before: for short programs and tests.
+With ``--timed-steps N`` the window is instead the N steps after the skipped ones (``fixed``, one
+chunk), as before: for short programs and tests.
 
 Chunk ends are marked without synchronising anything: a CUDA event on the stepping optimizer's
 stream at each chunk boundary (so the figure is the GPU timeline's step time, the host runs ahead
@@ -43,10 +42,10 @@ from dataclasses import dataclass
 from typing import Any
 
 CHUNK_STEPS = 10
-AGREE_CHUNKS = 3
-AGREE_PCT = 3.0
-BUDGET_STEPS = 200
-BUDGET_S = 60.0
+MIN_CHUNKS = 4
+SEM_PCT = 2.0
+BUDGET_STEPS = 100
+BUDGET_S = 30.0
 
 
 @dataclass
@@ -70,13 +69,50 @@ def agreement(ms: list[float]) -> float:
     return 100.0 * (max(ms) - min(ms)) / mean if mean > 0 else math.inf
 
 
-def steady(chunks: list[Chunk], ms: list[float], k: int = AGREE_CHUNKS, pct: float = AGREE_PCT) -> bool:
-    """Whether the last ``k`` chunks (their step times ``ms``) are the steady state (module doc)."""
-    if len(ms) < k:
+def _stats(ms: list[float]) -> tuple[float, float]:
+    """(mean, standard error of the mean) of chunk step times (0 for one chunk)."""
+    mean = sum(ms) / len(ms)
+    if len(ms) < 2:
+        return mean, 0.0
+    sd = math.sqrt(sum((m - mean) ** 2 for m in ms) / (len(ms) - 1))
+    return mean, sd / math.sqrt(len(ms))
+
+
+def mser(ms: list[float]) -> int:
+    """The warm-up truncation point of the chunk means ``ms`` by the marginal standard error rule:
+    the ``d`` (at most half of them) that minimises the squared deviations of ``ms[d:]`` from
+    their mean over ``(len(ms) - d)**2``; ties go to the smallest ``d``."""
+    best, best_d = math.inf, 0
+    for d in range(0, len(ms) // 2 + 1):
+        rest = ms[d:]
+        mean = sum(rest) / len(rest)
+        stat = sum((m - mean) ** 2 for m in rest) / len(rest) ** 2
+        if best == math.inf or stat < best - 1e-12 * max(best, 1.0):
+            best, best_d = stat, d
+    return best_d
+
+
+def steady_start(chunks: list[Chunk], ms: list[float]) -> int:
+    """Where the steady phase begins among the first ``len(ms)`` chunks (module doc): after the
+    last chunk in which the DataLoader's queue was still draining, then past the warm-up
+    transient of what follows (:func:`mser`)."""
+    start = 0
+    for i in range(1, len(ms)):
+        a, b = chunks[i - 1].ready_min, chunks[i].ready_min
+        if a is not None and b is not None and b < a:
+            start = i + 1  # still draining during chunk i
+    start = min(start, len(ms))
+    return start + mser(ms[start:]) if len(ms) - start > 1 else start
+
+
+def steady(chunks: list[Chunk], ms: list[float], k: int = MIN_CHUNKS, pct: float = SEM_PCT) -> bool:
+    """Whether the chunks timed so far (their step times ``ms``) hold the steady state well enough
+    (module doc): at least ``k`` steady chunks whose mean's standard error is within ``pct`` %."""
+    win = ms[steady_start(chunks, ms):]
+    if len(win) < k:
         return False
-    last, first = chunks[len(ms) - 1], chunks[len(ms) - k]
-    draining = (first.ready_min is not None and last.ready_min is not None and last.ready_min < first.ready_min)
-    return agreement(ms[-k:]) <= pct and not draining
+    mean, sem = _stats(win)
+    return mean > 0 and 100.0 * sem <= pct * mean
 
 
 class Window:
@@ -178,11 +214,11 @@ class Window:
 
     # --- the result ------------------------------------------------------------------------
     def window(self) -> list[Chunk]:
-        """The chunks the figure is taken from: the last that agree, or the last AGREE_CHUNKS."""
-        n = len(self.times())
+        """The chunks the figure is taken from: the steady phase (:func:`steady_start`)."""
+        ms = self.times()
         if self.fixed is not None:
-            return self.chunks[:n]
-        return self.chunks[max(n - AGREE_CHUNKS, 0):n]
+            return self.chunks[:len(ms)]
+        return self.chunks[steady_start(self.chunks, ms):len(ms)]
 
     def result(self, block: bool = False) -> tuple[float | None, dict[str, Any]]:
         """The mean step time over the window and how it was measured (for the rank's record)."""
@@ -192,8 +228,7 @@ class Window:
         info: dict[str, Any] = {"rule": "fixed" if self.fixed is not None else "steady",
                                 "steps": sum(c.steps for c in win)}
         if self.fixed is None:
-            info.update(chunk_steps=CHUNK_STEPS, agree_chunks=AGREE_CHUNKS, agree_pct=AGREE_PCT,
-                        converged=self.converged)
+            info.update(chunk_steps=CHUNK_STEPS, min_chunks=MIN_CHUNKS, sem_pct=SEM_PCT, converged=self.converged)
             if self.converged is False and self.why:
                 info["not_converged_why"] = self.why
         info["chunks"] = [{"steps": [c.first_step, c.last_step], "ms": round(m, 4), "host_ms": round(c.host_ms, 4),
