@@ -6,7 +6,7 @@ Reads OUTDIR/NAME.r<round>.timing.json (one process each) and writes OUTDIR/NAME
 ``step_ms`` is the mean over every window of every round, ``step_ms_runs`` those windows in round
 order, ``process_ms`` each process's mean, ``step_ms_sem`` the standard error of the mean over
 processes (the processes are the independent samples: windows inside one process agree far better
-than processes do), ``spread_pct`` the range of the windows over their mean, and
+than processes do; left out where there is only one process), ``spread_pct`` the range of the windows over their mean, and
 ``profiled_process_ms`` the mean of the windows of the process that recorded the trace.
 """
 
@@ -33,11 +33,15 @@ def merge(out: Path, name: str) -> dict[str, object]:
         "step_ms": statistics.fmean(runs),
         "step_ms_runs": runs,
         "process_ms": procs,
-        "step_ms_sem": statistics.stdev(procs) / len(procs) ** 0.5 if len(procs) > 1 else 0.0,
         "spread_pct": round(100.0 * (max(runs) - min(runs)) / statistics.fmean(runs), 1),
         "profiled_process_ms": float(profiled[0]["step_ms"]) if profiled else None,
         "rounds": len(recs),
     })
+    # one process gives no spread between processes: no step_ms_sem then (a 0.0 would read as "no noise";
+    # benchmarks/pairs.step_noise_ms falls back to the windows' range)
+    doc.pop("step_ms_sem", None)
+    if len(procs) > 1:
+        doc["step_ms_sem"] = statistics.stdev(procs) / len(procs) ** 0.5
     (out / f"{name}.timing.json").write_text(json.dumps(doc, indent=1))
     return doc
 
@@ -46,7 +50,7 @@ def main() -> None:
     out = Path(sys.argv[1])
     for name in sys.argv[2:]:
         d = merge(out, name)
-        print(f"{name}: {d['step_ms']:.3f} ms, sem {d['step_ms_sem']:.3f}, processes "
+        print(f"{name}: {d['step_ms']:.3f} ms, sem {d.get('step_ms_sem', float('nan')):.3f}, processes "
               + ", ".join(f"{x:.2f}" for x in d["process_ms"]))  # type: ignore[union-attr]
 
 
