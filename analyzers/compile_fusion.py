@@ -49,7 +49,7 @@ import numpy as np
 import pandas as pd
 from gpuprof.claims import Candidate, Unit
 from gpuprof.rank import RankView
-from gpuprof.idle import graph_capture_calls, in_graph, name_mask
+from gpuprof.idle import graph_capture_calls, in_graph, name_mask, optimizer_spans
 from gpuprof.analyzers._base import ms, shape_codes, top_names
 
 
@@ -195,15 +195,12 @@ def _host_gap_units(v: RankView, share: float) -> dict[Unit, float]:
 
 
 def _outside_model(v: RankView) -> pd.Series:
-    """Kernels launched by the optimizer (``Optimizer.step#``/``Optimizer.zero_grad#`` spans):
-    ``torch.compile(model)`` leaves them as they are."""
-    a = v.trace.annotations
-    names = a["name"].astype(str)
-    spans = a[~a["on_gpu"] & (names.str.startswith("Optimizer.step#") | names.str.startswith("Optimizer.zero_grad#"))]
+    """Kernels launched by the optimizer (its own work in ``Optimizer.step#``/``zero_grad#``
+    spans, :func:`gpuprof.idle.optimizer_spans`): ``torch.compile(model)`` leaves them as they are."""
+    spans = optimizer_spans(v.trace, zero_grad=True)
     k = v.kernels
     if spans.empty:
         return pd.Series(False, index=k.index)
-    spans = spans.sort_values("ts")
     st, en = spans["ts"].to_numpy(), spans["end"].to_numpy()
     i = np.searchsorted(st, k["launch_ts"].to_numpy(), side="right") - 1
     inside = (i >= 0) & (k["launch_ts"].to_numpy() < en[np.maximum(i, 0)])

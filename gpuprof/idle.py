@@ -150,6 +150,39 @@ def _pairs(a_lo: np.ndarray, a_hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     idx = np.repeat(a_lo, cnt) + (np.arange(cnt.sum()) - np.repeat(np.cumsum(cnt) - cnt, cnt))
     return q, idx
 
+def optimizer_spans(t: RankTrace, zero_grad: bool = False) -> pd.DataFrame:
+    """The host spans of the optimizer's own work, sorted by start (columns ts, end, tid): each
+    ``Optimizer.step#`` annotation from the end of the last op inside it that autograd recorded
+    (a forward or backward op carries a ``Sequence number``; an update under ``no_grad`` does not)
+    to its end, and with ``zero_grad`` the ``Optimizer.zero_grad#`` ones whole. An annotation is
+    context, not ownership: a framework that runs its training closure inside ``optimizer.step``
+    (Lightning's automatic optimisation, ``LBFGS``) puts the whole forward and backward inside
+    the span, and those are the model's, not the optimizer's."""
+    a = t.annotations
+    pattern = r"^Optimizer\.(?:step|zero_grad)#" if zero_grad else r"^Optimizer\.step#"
+    sel = ~a["on_gpu"].to_numpy(dtype=bool) & name_mask(a["name"], pattern)
+    spans = pd.DataFrame({"ts": a["ts"].to_numpy(dtype=float)[sel], "end": a["end"].to_numpy(dtype=float)[sel],
+                          "tid": a["tid"].to_numpy()[sel],
+                          "step": name_mask(a["name"], r"^Optimizer\.step#")[sel]})
+    ops = t.ops
+    if len(spans) and len(ops) and "sequence_number" in ops.columns:
+        tracked = (ops["sequence_number"].to_numpy() >= 0)
+        o_ts = ops["ts"].to_numpy(dtype=float)[tracked]
+        o_end = ops["end"].to_numpy(dtype=float)[tracked]
+        order = np.argsort(o_ts, kind="stable")
+        o_ts, o_end = o_ts[order], o_end[order]
+        lo = np.searchsorted(o_ts, spans["ts"].to_numpy(), side="left")
+        hi = np.searchsorted(o_ts, spans["end"].to_numpy(), side="right")
+        start, stop = spans["ts"].to_numpy().copy(), spans["end"].to_numpy()
+        for i in np.flatnonzero(spans["step"].to_numpy() & (hi > lo)):  # one per optimizer step
+            ends = o_end[lo[i]:hi[i]]
+            inside = ends[ends <= stop[i]]
+            if len(inside):
+                start[i] = max(start[i], float(inside.max()))
+        spans["ts"] = start
+    return spans.drop(columns="step").sort_values("ts", kind="stable").reset_index(drop=True)
+
+
 def _driving_spans(t: RankTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The spans of the top-level ops that drive the GPU (a runtime call inside them, on their
     thread) and of the optimizer's ``Optimizer.step#``/``zero_grad#`` annotations, sorted by
@@ -166,11 +199,10 @@ def _driving_spans(t: RankTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         k = np.searchsorted(ots, rts, side="right") - 1
         inside = (k >= 0) & (rts < oen[np.maximum(k, 0)])
         drives[m[np.unique(k[inside])]] = True
-    a = t.annotations
-    opt = ~a["on_gpu"].to_numpy(dtype=bool) & name_mask(a["name"], r"^Optimizer\.(?:step|zero_grad)#")
-    starts = np.r_[ots_all[drives], a["ts"].to_numpy()[opt]]
-    ends = np.r_[oen_all[drives], a["end"].to_numpy()[opt]]
-    rows = np.r_[orows[drives], np.full(int(opt.sum()), -1)]
+    opt = optimizer_spans(t, zero_grad=True)
+    starts = np.r_[ots_all[drives], opt["ts"].to_numpy()]
+    ends = np.r_[oen_all[drives], opt["end"].to_numpy()]
+    rows = np.r_[orows[drives], np.full(len(opt), -1)]
     order = np.argsort(starts, kind="stable")
     return starts[order], ends[order], rows[order]
 

@@ -12,7 +12,7 @@ import pandas as pd
 
 from gpuprof.claims import Unit, units_of
 from gpuprof.hostcost import event_cost_us, profiler_cost_us, unprofiled_step_ms
-from gpuprof.idle import CAUSE_ORDER, classify_gaps
+from gpuprof.idle import CAUSE_ORDER, classify_gaps, optimizer_spans
 from gpuprof.roofline import classify
 from gpuprof.specs import GpuSpec
 from gpuprof.timeline import StepSummary, summarize
@@ -116,9 +116,10 @@ class RankView:
         return {("gap", self.rank, int(i)): float(d) for i, d in zip(sel.index, sel["real_dur"]) if d > 0}
 
     def in_optimizer(self) -> pd.Series:
-        """Kernels launched inside an ``Optimizer.step#...`` span (torch.optim records one per step)."""
-        a = self.trace.annotations
-        spans = a[~a["on_gpu"] & a["name"].astype(str).str.startswith("Optimizer.step#")].sort_values("ts")
+        """Kernels the optimizer launched: inside its own work of an ``Optimizer.step#...`` span
+        (torch.optim records one per step; :func:`gpuprof.idle.optimizer_spans` leaves out a
+        training closure run inside it)."""
+        spans = optimizer_spans(self.trace)
         k = self.kernels
         if spans.empty:
             return pd.Series(False, index=k.index)
