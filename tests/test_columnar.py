@@ -172,7 +172,8 @@ def _set_args(**fields: Any) -> Any:
 
 
 DAMAGE: dict[str, tuple[Any, dict[str, str], str]] = {
-    # the first op's edit, placeholders for JSON text Python does not write, and the path it takes
+    # the first op's edit, placeholders for JSON text Python does not write (@XFF: the byte 0xff),
+    # and the path it takes
     "duplicated key": (_set(dur="@D"), {'"dur": "@D"': '"dur": 20, "dur": 3'}, "msgspec"),
     "escaped key": (_set(dur="@D"), {'"dur": "@D"': '"d\\u0075r": 20'}, "msgspec"),
     "escaped category": (_set(cat="@C"), {'"@C"': '"cpu\\u005fop"'}, "msgspec"),
@@ -189,6 +190,13 @@ DAMAGE: dict[str, tuple[Any, dict[str, str], str]] = {
     "20-digit External id": (_set_args(External_id="@E"), {'"@E"': "12345678901234567890"}, "msgspec"),
     "Input Dims null and odd": (_set_args(Input_Dims=None, Input_type={"a": [1, "]"]}), {}, "native"),
     "Input Dims absent": (lambda e: e["args"].pop("Input Dims"), {}, "native"),
+    # values msgspec decodes in every event, bucket or not, so may refuse there
+    "pid invalid UTF-8 in an event of no bucket": (_set(ph="M", pid="@P"), {'"@P"': '"@XFF"'}, "msgspec"),
+    "tid a lone surrogate in an event of no bucket": (_set(ph="M", tid="@P"), {'"@P"': '"\\udc00"'}, "msgspec"),
+    "ts beyond float range in an event of no bucket": (_set(ph="M", ts="@T"), {'"@T"': "1e400"}, "msgspec"),
+    "cat a list": (_set(cat=[1, [2]]), {}, "msgspec"),
+    "a key not in ASCII": (_set(**{"\u00fcber": 1}), {}, "msgspec"),
+    "args of a stream beyond float range in an op (not read)": (_set_args(stream="@S"), {'"@S"': "1e400"}, "native"),
 }
 
 
@@ -202,7 +210,8 @@ def test_damaged_events_load_as_the_msgspec_path_loads_them(tmp_path: Path, case
     for k, v in raw.items():
         assert k in text
         text = text.replace(k, v, 1)
-    p = _write(tmp_path / "t.json", None, text)
+    p = tmp_path / "t.json"
+    p.write_bytes(text.encode().replace(b"@XFF", b"\xff"))  # a byte no UTF-8 text holds
     assert _native(p) == (way == "native"), case
     native, old = _both(p, monkeypatch)
     assert native == old

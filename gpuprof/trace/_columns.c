@@ -242,12 +242,13 @@ static int skip_value(Scan *sc) {
 static const double POW10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
                                1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
 
-enum { K_OK, K_OTHER, K_REFUSE };
+enum { K_OK, K_OTHER, K_RANGE, K_REFUSE };
 
 /* A JSON number at p as msgspec decodes it, converted as numpy converts the Python value to
  * float64: integers of at most 18 digits exactly then rounded once; other numbers correctly
  * rounded (an exact fast path, else strtod). *is_int and *iv: an integer literal and its value.
- * K_OTHER: a number no column holds exactly (more digits, beyond float range, subnormal). */
+ * K_OTHER: a number no column holds exactly (more digits, subnormal); K_RANGE: a float beyond
+ * float range, which msgspec refuses wherever it decodes the value ("Number out of range"). */
 static int parse_number(Scan *sc, double *out, int *is_int, int64_t *iv) {
     const unsigned char *s = sc->p, *p = sc->p, *end = sc->end;
     int neg = 0;
@@ -308,11 +309,12 @@ slow:
     {
         size_t n = (size_t)(p - s);
         char tmp[128];
-        if (n >= sizeof(tmp)) { *out = NAN; return K_OTHER; }
+        if (n >= sizeof(tmp)) { *out = NAN; return K_RANGE; } /* (not judged: refused where it matters) */
         memcpy(tmp, s, n);
         tmp[n] = 0;
         double d = strtod(tmp, NULL);
-        if (!isfinite(d) || (d != 0.0 && fabs(d) < 2.2250738585072014e-308) || (d == 0.0 && m != 0)) {
+        if (!isfinite(d)) { *out = NAN; return K_RANGE; }
+        if ((d != 0.0 && fabs(d) < 2.2250738585072014e-308) || (d == 0.0 && m != 0)) {
             *out = NAN;
             return K_OTHER;
         }
@@ -321,15 +323,35 @@ slow:
     }
 }
 
-/* A numeric field's value: number, null (NaN), or anything else (NaN and its rare bit). */
-static int num_field(Scan *sc, int f, uint32_t *rare) {
+/* Whether s[0:n] is plain ASCII without a backslash: text msgspec decodes as it reads. */
+static int plain(const unsigned char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (s[i] >= 0x80 || s[i] == '\\') return 0;
+    return 1;
+}
+
+/* An event-level value that is not a number (ph, cat, pid, tid, ts, dur): msgspec decodes it
+ * (into Any) in every event, bucket or not, so whatever it could refuse there (invalid UTF-8, a
+ * bad escape, a float beyond range inside a list) is refused here too: strings must be plain,
+ * lists and objects are refused outright (never seen in a real trace). */
+static int event_value(Scan *sc) {
+    unsigned char c = *sc->p;
+    if (c == '[' || c == '{') return -1;
+    const unsigned char *start = sc->p;
+    if (skip_value(sc) < 0) return -1;
+    return plain(start, (size_t)(sc->p - start)) ? 0 : -1;
+}
+
+/* A numeric field's value: number, null (NaN), or anything else (NaN and its rare bit).
+ * ``strict``: an event-level field (see event_value). */
+static int num_field(Scan *sc, int f, uint32_t *rare, int strict) {
     double *col = COL(sc->num[f], double);
     unsigned char c = *sc->p;
     if (c == '-' || (c >= '0' && c <= '9')) {
         int is_int; int64_t iv;
         int k = parse_number(sc, &col[sc->n], &is_int, &iv);
-        if (k == K_REFUSE) return -1;
-        if (k == K_OTHER) *rare |= 1u << f;
+        if (k == K_REFUSE || (k == K_RANGE && strict)) return -1;
+        if (k != K_OK) { col[sc->n] = NAN; *rare |= 1u << f; }
         return 0;
     }
     if (c == 'n' && sc->end - sc->p >= 4 && memcmp(sc->p, "null", 4) == 0) {
@@ -339,7 +361,7 @@ static int num_field(Scan *sc, int f, uint32_t *rare) {
     }
     col[sc->n] = NAN;
     *rare |= 1u << f;
-    return skip_value(sc);
+    return strict ? event_value(sc) : skip_value(sc);
 }
 
 /* grid / block: a list of exactly three integers, else -1s (null) or the rare bit. */
@@ -400,6 +422,7 @@ static int parse_args(Scan *sc, uint32_t *rare) {
         int esc = 0;
         if (skip_string(sc, &esc) < 0 || esc) return -1;
         size_t klen = (size_t)(sc->p - 1 - k);
+        if (!plain(k, klen)) return -1; /* a key msgspec would have to decode: not ours to match */
         ws(sc);
         if (sc->p >= sc->end || *sc->p != ':') return -1;
         sc->p++;
@@ -439,7 +462,7 @@ static int parse_args(Scan *sc, uint32_t *rare) {
             seen |= 1ULL << slot;
         }
         int rc;
-        if (f >= 0) rc = num_field(sc, f, rare);
+        if (f >= 0) rc = num_field(sc, f, rare, 0);
         else if (s >= 0) {
             if (*sc->p == 'n' && sc->end - sc->p >= 4 && memcmp(sc->p, "null", 4) == 0) { sc->p += 4; rc = 0; }
             else rc = raw_field(sc, &sc->strs, &COL(sc->str[s], int32_t)[sc->n]);
@@ -484,6 +507,7 @@ static int parse_event(Scan *sc) {
         int esc = 0;
         if (skip_string(sc, &esc) < 0 || esc) return -1;
         size_t klen = (size_t)(sc->p - 1 - k);
+        if (!plain(k, klen)) return -1; /* a key msgspec would have to decode: not ours to match */
         ws(sc);
         if (sc->p >= sc->end || *sc->p != ':') return -1;
         sc->p++;
@@ -506,12 +530,19 @@ static int parse_event(Scan *sc) {
         switch (which) {
         case 0: /* ph: "X", "i" or anything else */
         case 1: { /* cat: one of CATS, else -1 */
-            if (*sc->p != '"') { rc = skip_value(sc); break; }
+            if (*sc->p != '"') {
+                if (*sc->p == '-' || (*sc->p >= '0' && *sc->p <= '9')) {
+                    double d; int is_int; int64_t iv;
+                    int k = parse_number(sc, &d, &is_int, &iv);
+                    rc = k == K_REFUSE || k == K_RANGE ? -1 : 0;
+                } else rc = event_value(sc);
+                break;
+            }
             const unsigned char *v = sc->p + 1;
             int e = 0;
             if (skip_string(sc, &e) < 0) return -1;
-            if (e) return -1;
             size_t vl = (size_t)(sc->p - 1 - v);
+            if (e || !plain(v, vl)) return -1;
             if (which == 0) {
                 COL(sc->ph, uint8_t)[i] = vl == 1 && v[0] == 'X' ? 1 : vl == 1 && v[0] == 'i' ? 2 : 0;
             } else {
@@ -529,10 +560,10 @@ static int parse_event(Scan *sc) {
             if (name < 0) return -1;
             break;
         }
-        case 3: rc = num_field(sc, F_PID, &rare); break;
-        case 4: rc = num_field(sc, F_TID, &rare); break;
-        case 5: rc = num_field(sc, F_TS, &rare); break;
-        case 6: rc = num_field(sc, F_DUR, &rare); break;
+        case 3: rc = num_field(sc, F_PID, &rare, 1); break;
+        case 4: rc = num_field(sc, F_TID, &rare, 1); break;
+        case 5: rc = num_field(sc, F_TS, &rare, 1); break;
+        case 6: rc = num_field(sc, F_DUR, &rare, 1); break;
         case 7:
             if (*sc->p == '{') rc = parse_args(sc, &rare);
             else if (*sc->p == 'n' && sc->end - sc->p >= 4 && memcmp(sc->p, "null", 4) == 0) sc->p += 4;
