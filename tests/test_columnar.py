@@ -247,3 +247,34 @@ def test_fuzzed_real_traces_load_alike(tmp_path: Path, monkeypatch: pytest.Monke
         native, old = _both(p, monkeypatch)
         assert native == old, (i, cat, value)
     assert ways["native"] >= 10 and ways["msgspec"] >= 5, ways
+
+
+MALFORMED = ['"x\x01y"', '"\\q"', '"\\u12G4"', '"\\ud800"', '"\\udc00\\ud800"', "tru", "nul", "01", "1.", "-", "1e",
+             "+1", ".5", "[1,]", '{"a" 1}', '{"a": 1,}', "[1 2]", "\x0b1", "1\x00", "[" * 70 + "]" * 70,
+             "[" * 2000 + "]" * 2000, '"\xff"', "1e400", '"\\ud83d\\ude00"', "[]]", "{}}", '"a\\"']
+
+
+@pytest.mark.parametrize("where", ["an unknown field", "Input Dims", "a name", "the header"])
+def test_malformed_json_is_refused_or_read_as_msgspec_does(tmp_path: Path, where: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scanner validates the events array itself (msgspec decodes the rest of the document):
+    JSON that msgspec refuses must never load, and what it accepts must load alike, whatever the
+    damage and wherever it is (synthetic trace; the damaged text is written byte for byte)."""
+    doc = simple_training_trace(TraceBuilder()).document()
+    op = next(e for e in doc["traceEvents"] if e["cat"] == "cpu_op")
+    if where == "an unknown field":
+        op["args"]["Record function id"] = "@V"
+    elif where == "Input Dims":
+        op["args"]["Input Dims"] = "@V"
+    elif where == "a name":
+        op["name"] = "@N"
+    else:
+        doc["traceName"] = "@V"
+    for i, bad in enumerate(MALFORMED):
+        text = json.dumps(doc).encode()
+        value = bad.encode("utf-8", "surrogateescape").replace("\xff".encode(), b"\xff")
+        text = text.replace(b'"@V"', value).replace(b'"@N"', b'"' + value.strip(b'"') + b'"')
+        p = tmp_path / f"bad{i}.json"
+        p.write_bytes(text)
+        native, old = _both(p, monkeypatch)
+        assert native == old, (where, bad)

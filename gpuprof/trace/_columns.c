@@ -74,6 +74,7 @@ typedef struct {
     Col str[N_STR];
     Col raw[N_RAW];
     Table names, strs, raws;
+    PyThreadState *save; /* while the GIL is released */
 } Scan;
 
 static uint64_t hash_bytes(const unsigned char *s, size_t n) {
@@ -173,6 +174,9 @@ static Col *all_cols(Scan *sc, int i) {
     return NULL;
 }
 
+#define Py_BLOCK_THREADS_SC PyEval_RestoreThread(sc->save);
+#define Py_UNBLOCK_THREADS_SC sc->save = PyEval_SaveThread();
+
 static int grow(Scan *sc) {
     Py_ssize_t nc = sc->cap * 2;
     Col *c;
@@ -186,63 +190,107 @@ static inline void ws(Scan *sc) {
     while (sc->p < sc->end && (*sc->p == ' ' || *sc->p == '\n' || *sc->p == '\r' || *sc->p == '\t')) sc->p++;
 }
 
-/* Past a string whose opening quote is at p; sets *esc when it holds a backslash. 0, or -1. */
-static int skip_string(Scan *sc, int *esc) {
-    const unsigned char *p = sc->p + 1, *end = sc->end;
-    for (;;) {
-        const unsigned char *q = memchr(p, '"', (size_t)(end - p));
-        if (!q) return -1;
-        /* a quote preceded by an odd run of backslashes is escaped */
-        const unsigned char *b = q;
-        while (b > p && b[-1] == '\\') b--;
-        if (memchr(p, '\\', (size_t)(q - p))) *esc = 1;
-        if (((q - b) & 1) == 0) {
-            sc->p = q + 1;
-            return 0;
-        }
-        p = q + 1;
-    }
+/* Past a string whose opening quote is at p, validated as msgspec's skip validates it, or more
+ * strictly: no control character, only JSON's escapes, and no \u escape of a surrogate at all
+ * (msgspec refuses lone ones; a pair is rare enough to leave to it). Sets *esc when the string
+ * holds a backslash. 0, or -1 (refused). */
+#define ONES 0x0101010101010101ULL
+#define HIGHS 0x8080808080808080ULL
+static inline uint64_t has_byte(uint64_t w, uint64_t c) {
+    uint64_t x = w ^ c;
+    return (x - ONES) & ~x & HIGHS;
 }
 
-static int skip_value(Scan *sc);
-
-static int skip_container(Scan *sc) {
-    /* depth-counting skip; strings are skipped whole so brackets inside them do not count */
-    int depth = 0;
-    while (sc->p < sc->end) {
-        unsigned char c = *sc->p;
-        if (c == '"') {
-            int esc = 0;
-            if (skip_string(sc, &esc) < 0) return -1;
-            continue;
-        }
-        if (c == '[' || c == '{') depth++;
-        else if (c == ']' || c == '}') {
-            if (--depth == 0) { sc->p++; return 0; }
-        }
-        sc->p++;
-    }
+static int hexval(unsigned char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
     return -1;
 }
 
-static int skip_value(Scan *sc) {
+static int skip_string(Scan *sc, int *esc) {
+    const unsigned char *p = sc->p + 1, *end = sc->end;
+    for (;;) {
+        while (end - p >= 8) {
+            uint64_t w;
+            memcpy(&w, p, 8);
+            if (has_byte(w, 0x2222222222222222ULL) | has_byte(w, 0x5C5C5C5C5C5C5C5CULL) |
+                ((w - 0x2020202020202020ULL) & ~w & HIGHS)) break;
+            p += 8;
+        }
+        while (p < end && *p != '"' && *p != '\\' && *p >= 0x20) p++;
+        if (p >= end) return -1;
+        if (*p == '"') { sc->p = p + 1; return 0; }
+        if (*p < 0x20) return -1;
+        *esc = 1;
+        if (end - p < 2) return -1;
+        switch (p[1]) {
+        case '"': case '\\': case '/': case 'b': case 'f': case 'n': case 'r': case 't': p += 2; break;
+        case 'u': {
+            if (end - p < 6) return -1;
+            int v = 0;
+            for (int i = 2; i < 6; i++) {
+                int h = hexval(p[i]);
+                if (h < 0) return -1;
+                v = v * 16 + h;
+            }
+            if (v >= 0xD800 && v <= 0xDFFF) return -1;
+            p += 6;
+            break;
+        }
+        default: return -1;
+        }
+    }
+}
+
+enum { K_OK, K_OTHER, K_RANGE, K_REFUSE };
+static int parse_number(Scan *sc, double *out, int *is_int, int64_t *iv);
+#define MAX_DEPTH 64
+
+/* Past any JSON value, validated (see skip_string); nesting beyond MAX_DEPTH is refused. */
+static int skip_any(Scan *sc, int depth) {
     if (sc->p >= sc->end) return -1;
     unsigned char c = *sc->p;
     if (c == '"') { int esc = 0; return skip_string(sc, &esc); }
-    if (c == '[' || c == '{') return skip_container(sc);
-    /* number or literal: up to the next delimiter */
-    while (sc->p < sc->end) {
-        c = *sc->p;
-        if (c == ',' || c == '}' || c == ']' || c == ' ' || c == '\n' || c == '\r' || c == '\t') break;
+    if (c == '{' || c == '[') {
+        if (depth >= MAX_DEPTH) return -1;
+        unsigned char close = c == '{' ? '}' : ']';
         sc->p++;
+        ws(sc);
+        if (sc->p < sc->end && *sc->p == close) { sc->p++; return 0; }
+        for (;;) {
+            ws(sc);
+            if (c == '{') {
+                int esc = 0;
+                if (sc->p >= sc->end || *sc->p != '"' || skip_string(sc, &esc) < 0) return -1;
+                ws(sc);
+                if (sc->p >= sc->end || *sc->p != ':') return -1;
+                sc->p++;
+                ws(sc);
+            }
+            if (skip_any(sc, depth + 1) < 0) return -1;
+            ws(sc);
+            if (sc->p >= sc->end) return -1;
+            if (*sc->p == ',') { sc->p++; continue; }
+            if (*sc->p == close) { sc->p++; return 0; }
+            return -1;
+        }
     }
-    return 0;
+    if (c == '-' || (c >= '0' && c <= '9')) {
+        double d; int is_int; int64_t iv;
+        return parse_number(sc, &d, &is_int, &iv) == K_REFUSE ? -1 : 0;
+    }
+    if (c == 't' && sc->end - sc->p >= 4 && memcmp(sc->p, "true", 4) == 0) { sc->p += 4; return 0; }
+    if (c == 'f' && sc->end - sc->p >= 5 && memcmp(sc->p, "false", 5) == 0) { sc->p += 5; return 0; }
+    if (c == 'n' && sc->end - sc->p >= 4 && memcmp(sc->p, "null", 4) == 0) { sc->p += 4; return 0; }
+    return -1;
 }
+
+static int skip_value(Scan *sc) { return skip_any(sc, 0); }
 
 static const double POW10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
                                1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
 
-enum { K_OK, K_OTHER, K_RANGE, K_REFUSE };
 
 /* A JSON number at p as msgspec decodes it, converted as numpy converts the Python value to
  * float64: integers of at most 18 digits exactly then rounded once; other numbers correctly
@@ -595,22 +643,88 @@ static PyObject *table_out(Table *t) {
     return Py_BuildValue("(NN)", off, len);
 }
 
+/* The events array at sc->p ('['), scanned to its closing bracket. 0, 1 (refused) or 2 (no memory). */
+static int scan_array(Scan *sc) {
+    sc->p++;
+    ws(sc);
+    if (sc->p < sc->end && *sc->p == ']') { sc->p++; return 0; }
+    for (;;) {
+        if (sc->n == sc->cap) {
+            Py_BLOCK_THREADS_SC
+            int g = grow(sc);
+            Py_UNBLOCK_THREADS_SC
+            if (g < 0) return 2;
+        }
+        ws(sc);
+        if (parse_event(sc) < 0) return 1;
+        sc->n++;
+        ws(sc);
+        if (sc->p >= sc->end) return 1;
+        if (*sc->p == ',') { sc->p++; continue; }
+        if (*sc->p == ']') { sc->p++; return 0; }
+        return 1;
+    }
+}
+
+/* The whole document: a bare event array, or an object whose one "traceEvents" key holds the
+ * array; every other value is skipped (validated: msgspec decodes that part again, see
+ * columnar.scan). Sets *a and *b to the array's span. 0, 1 (refused) or 2 (no memory). */
+static int scan_document(Scan *sc, Py_ssize_t *a, Py_ssize_t *b, int *bare) {
+    ws(sc);
+    if (sc->p >= sc->end) return 1;
+    if (*sc->p == '[') {
+        *bare = 1;
+        *a = sc->p - sc->base;
+        int r = scan_array(sc);
+        if (r) return r;
+        *b = sc->p - sc->base;
+    } else if (*sc->p == '{') {
+        int found = 0;
+        sc->p++;
+        for (;;) {
+            ws(sc);
+            if (sc->p >= sc->end || *sc->p != '"') return 1;
+            const unsigned char *k = sc->p + 1;
+            int esc = 0;
+            if (skip_string(sc, &esc) < 0 || esc) return 1;
+            size_t klen = (size_t)(sc->p - 1 - k);
+            ws(sc);
+            if (sc->p >= sc->end || *sc->p != ':') return 1;
+            sc->p++;
+            ws(sc);
+            if (sc->p >= sc->end) return 1;
+            if (KEY("traceEvents")) {
+                if (found || *sc->p != '[') return 1;
+                found = 1;
+                *a = sc->p - sc->base;
+                int r = scan_array(sc);
+                if (r) return r;
+                *b = sc->p - sc->base;
+            } else if (skip_value(sc) < 0) return 1;
+            ws(sc);
+            if (sc->p >= sc->end) return 1;
+            if (*sc->p == ',') { sc->p++; continue; }
+            if (*sc->p == '}') { sc->p++; break; }
+            return 1;
+        }
+        if (!found) return 1;
+    } else return 1;
+    ws(sc);
+    return sc->p == sc->end ? 0 : 1;
+}
+
 static PyObject *scan(PyObject *self, PyObject *args) {
     Py_buffer view;
-    Py_ssize_t start, stop;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*nn", &view, &start, &stop)) return NULL;
-    if (start < 0 || stop > view.len || start > stop) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "span outside the buffer");
-        return NULL;
-    }
+    if (!PyArg_ParseTuple(args, "y*", &view)) return NULL;
     Scan sc;
     memset(&sc, 0, sizeof(sc));
     sc.base = (const unsigned char *)view.buf;
-    sc.p = sc.base + start;
-    sc.end = sc.base + stop;
-    sc.cap = (stop - start) / 256 + 64;
+    sc.p = sc.base;
+    sc.end = sc.base + view.len;
+    sc.cap = view.len / 256 + 64;
+    Py_ssize_t a = 0, b = 0;
+    int bare = 0;
     PyObject *result = NULL;
     int ok = 1;
     if (table_init(&sc.names) < 0 || table_init(&sc.strs) < 0 || table_init(&sc.raws) < 0) { PyErr_NoMemory(); goto out; }
@@ -621,34 +735,11 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     for (int r = 0; ok && r < N_RAW; r++) ok = col_init(&sc.raw[r], 4, sc.cap) == 0;
     if (!ok) goto out;
 
-    int refused = 0;
+    int refused;
     Py_BEGIN_ALLOW_THREADS
-    ws(&sc);
-    if (sc.p >= sc.end || *sc.p != '[') refused = 1;
-    else {
-        sc.p++;
-        ws(&sc);
-        if (sc.p < sc.end && *sc.p == ']') sc.p++;
-        else for (;;) {
-            if (sc.n == sc.cap) {
-                Py_BLOCK_THREADS
-                int g = grow(&sc);
-                Py_UNBLOCK_THREADS
-                if (g < 0) { refused = 2; break; }
-            }
-            ws(&sc);
-            if (parse_event(&sc) < 0) { refused = 1; break; }
-            sc.n++;
-            ws(&sc);
-            if (sc.p >= sc.end) { refused = 1; break; }
-            if (*sc.p == ',') { sc.p++; continue; }
-            if (*sc.p == ']') { sc.p++; break; }
-            refused = 1;
-            break;
-        }
-        ws(&sc);
-        if (!refused && sc.p != sc.end) refused = 1;
-    }
+    sc.save = _save;
+    refused = scan_document(&sc, &a, &b, &bare);
+    _save = sc.save;
     Py_END_ALLOW_THREADS
     if (refused == 2) goto out; /* MemoryError set */
     if (refused) { result = Py_None; Py_INCREF(result); goto out; }
@@ -673,6 +764,11 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         Py_DECREF(o);
         if (rc < 0) { Py_DECREF(d); goto out; }
     }
+    PyObject *span = Py_BuildValue("(nni)", a, b, bare);
+    if (!span) { Py_DECREF(d); goto out; }
+    int rs = PyDict_SetItemString(d, "span", span);
+    Py_DECREF(span);
+    if (rs < 0) { Py_DECREF(d); goto out; }
     PyObject *n = PyLong_FromSsize_t(sc.n);
     if (!n) { Py_DECREF(d); goto out; }
     int rc = PyDict_SetItemString(d, "events", n);
@@ -691,7 +787,7 @@ out:
 
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
-     "scan(buffer, start, stop) -> dict | None: the columns of the events of the JSON array buffer[start:stop]."},
+     "scan(document) -> dict | None: the columns of the events of a Kineto JSON document."},
     {NULL, NULL, 0, NULL},
 };
 

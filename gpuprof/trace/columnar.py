@@ -1,13 +1,14 @@
 """Kineto events decoded straight to columns, in C (``_columns.c``), with no Python object per event.
 
-:func:`scan` is the fast path of :func:`gpuprof.trace.load.load_trace`. msgspec still decodes the
-document once (its metadata, and so that a file is accepted or refused exactly as before), with
-the ``traceEvents`` array kept as raw text; the C scanner then walks that array once and writes
-each field gpuprof reads into a column: numbers as float64 (grid and block as int64 triples),
+:func:`scan` is the fast path of :func:`gpuprof.trace.load.load_trace`. The C scanner walks the
+document once, validating it (as strictly as msgspec's own skip does, or more: any surrogate
+escape, nesting past 64 levels) and writing each field of the ``traceEvents`` array that gpuprof
+reads into a column: numbers as float64 (grid and block as int64 triples),
 categories and phases as small codes, and names, the kernels' collective strings and the ops'
 raw arguments (``Input Dims`` ...) as ids into tables of distinct texts. Only those distinct
 texts become Python objects, decoded by msgspec, so every value is the one the msgspec path
-would have produced.
+would have produced; msgspec also decodes the document with the events array cut out (its
+metadata), so the file is accepted or refused as before.
 
 Why not a general columnar JSON reader: measured on the 89 MB GPT shape of ``benchmarks.matrix``
 (docs/performance.md), pyarrow's JSON reader took 0.58 s of CPU, Polars 0.64 s and DuckDB
@@ -29,7 +30,6 @@ event's bucket reads a flagged field.
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any
 
 import msgspec
@@ -51,7 +51,6 @@ RARE_BITS: dict[str, int] = {**{f: 1 << i for i, f in enumerate(NUMERIC)},
                              **({"grid": _columns.BIT_GRID, "block": _columns.BIT_BLOCK} if _columns else {})}
 STRINGS = ("collective_name", "dtype", "pg_name", "pg_id")
 RAWS = ("input_dims", "input_dims_lc", "input_type", "input_strides", "concrete_inputs")
-_WS = re.compile(rb"[ \t\r\n]*")
 _NO_RAW = msgspec.Raw(b"")
 
 
@@ -69,7 +68,6 @@ class TraceHead(msgspec.Struct):
 
 
 _HEAD = msgspec.json.Decoder(TraceHead)
-_RAW = msgspec.json.Decoder(msgspec.Raw)
 _STRS = msgspec.json.Decoder(list[str])
 _ANYS = msgspec.json.Decoder(list[Any])
 
@@ -119,28 +117,25 @@ def scan(data: bytes | bytearray) -> Scanned | None:
     decodes with msgspec, which also words any error."""
     if _columns is None or not isinstance(data, bytes):
         return None
-    m = _WS.match(data)
-    at = m.end() if m else 0
-    first = data[at:at + 1]
-    try:
-        if first == b"{":
-            head = _HEAD.decode(data)
-            events = head.traceEvents
-        elif first == b"[":  # a bare chrome-trace event array
-            events = _RAW.decode(data)
-            head = TraceHead(traceEvents=events)
-        else:
-            return None
-    except (msgspec.DecodeError, RecursionError):
-        return None
-    if len(events) == 0:
-        return None  # no "traceEvents": the msgspec path words the error
-    start = _address(events) - _address(data)
-    if not 0 <= start <= len(data) - len(events):
-        return None  # not a view of the file's buffer (never seen)
-    cols = _columns.scan(data, start, start + len(events))
+    cols = _columns.scan(data)
     if cols is None:
         return None
+    start, stop, bare = cols.pop("span")
+    if bare:  # a bare chrome-trace event array: the scanner validated all of it
+        head = TraceHead()
+    else:
+        # msgspec decodes the rest of the document, the events array replaced by "[]": the scanner
+        # validated the array (as strictly as msgspec's skip, or more), msgspec validates the rest
+        # and reads the metadata, and the "[]" it finds as traceEvents must be the one put there
+        text = data[:start] + b"[]" + data[stop:]
+        try:
+            head = _HEAD.decode(text)
+        except (msgspec.DecodeError, RecursionError):
+            return None
+        events = head.traceEvents
+        if len(events) != 2 or _address(events) - _address(text) != start:
+            return None
+        head.traceEvents = _NO_RAW
     try:
         raw_names = _texts(data, cols.pop("names_table"))
         names = _STRS.decode(b'["' + b'","'.join(raw_names) + b'"]') if raw_names else []
