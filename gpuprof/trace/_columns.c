@@ -1,4 +1,4 @@
-/* Kineto events to columns: one pass over the JSON text of a trace's "traceEvents" array.
+/* Kineto events to columns: one pass over a trace document, its "traceEvents" array to columns.
  *
  * The reader of gpuprof.trace.columnar (which documents the contract). It makes no Python
  * object per event: each field gpuprof reads goes into a column buffer (a bytearray), strings
@@ -11,8 +11,11 @@
  * not refused here: they set the field's bit in the event's "rare" mask, and the caller decides
  * by the event's bucket whether that field is read.
  *
- * The input was already validated as JSON by msgspec (the whole document is decoded once with
- * the array kept raw), so this scanner need not report errors, only refuse.
+ * It validates the whole document as it goes, at least as strictly as msgspec's skip (control
+ * characters, escapes, the grammar of numbers and literals, trailing commas; more strictly: every
+ * surrogate escape and nesting past MAX_DEPTH are refused), since msgspec then decodes only the
+ * document with the events array cut out. It never words an error: it refuses, and the msgspec
+ * path reads the file and words whatever is wrong with it.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
