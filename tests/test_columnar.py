@@ -39,7 +39,7 @@ def _digest(path: Path) -> dict[str, str]:
 
 def _native(path: Path) -> bool:
     """Whether the scanner's path takes this file (rather than handing it to msgspec)."""
-    return load._from_columns(files.read(path)) is not None
+    return load._from_columns([files.read(path)]) is not None
 
 
 def _both(path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, str], dict[str, str]]:
