@@ -20,6 +20,34 @@ _GRAPH_LAUNCH = "graph_launch"
 _OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#")
 
 
+def thread_order(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    """Rows by thread (pid, tid), then start time, longer spans first at equal starts, then row:
+    ``np.lexsort((-dur, ts, tid, pid))``, computed faster.
+
+    The rows of a trace come nearly in that order, so sorting by (pid, tid, ts) is cheap, while a
+    stable sort by the duration first costs 20x as much (18 ms vs 0.8 ms for 170k ops); only rows
+    that tie on (pid, tid, ts) need the duration, so only they are sorted by it."""
+    order: np.ndarray = np.lexsort((ts, tid, pid))
+    p, t, s = pid[order], tid[order], ts[order]
+    tie = (p[1:] == p[:-1]) & (t[1:] == t[:-1]) & (s[1:] == s[:-1])
+    if tie.any():
+        tied = np.r_[tie, False] | np.r_[False, tie]  # every row of a tie group
+        group = np.cumsum(np.r_[True, ~tie])  # the tie group of each position
+        at = np.flatnonzero(tied)
+        rows = order[at]
+        order[at] = rows[np.lexsort((rows, -dur[rows], group[at]))]
+    return order
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Each value's place among the distinct values of ``x`` (``np.unique(x, return_inverse=True)[1]``)."""
+    perm = np.argsort(x, kind="stable")
+    v = x[perm]
+    out = np.empty(len(x), dtype=np.int64)
+    out[perm] = np.cumsum(np.r_[True, v[1:] != v[:-1]]) - 1
+    return out
+
+
 def nest(ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Depth and parent row of each op among the ops of its own thread (properly nested spans).
 
@@ -36,13 +64,13 @@ def nest(ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     if n == 0:
         return depth, parent
     # Outer spans first at equal start times: longer duration first.
-    order = np.lexsort((-ops["dur"].to_numpy(), ops["ts"].to_numpy(), ops["tid"].to_numpy(), ops["pid"].to_numpy()))
+    order = thread_order(ops["pid"].to_numpy(), ops["tid"].to_numpy(), ops["ts"].to_numpy(), ops["dur"].to_numpy())
     pid, tid = ops["pid"].to_numpy()[order], ops["tid"].to_numpy()[order]
     ts, end = ops["ts"].to_numpy()[order], ops["end"].to_numpy()[order]
     first = np.r_[True, (np.diff(pid) != 0) | (np.diff(tid) != 0)]
     thread = np.cumsum(first) - 1
     lo = np.flatnonzero(first)[thread]  # where each op's thread begins in this order
-    rank = np.unique(np.r_[ts, end], return_inverse=True)[1].reshape(-1)  # times as integers, order kept
+    rank = _ranks(np.r_[ts, end])  # times as integers, order kept
     width = 2 * n + 1
     ends = np.sort(thread * width + rank[n:])
     closed = np.searchsorted(ends, thread * width + rank[:n], side="right") - lo  # own thread's spans ended by then
@@ -59,11 +87,21 @@ def nest(ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return depth, parent
 
 
-def _lookup(keys: np.ndarray, table_keys: np.ndarray, values: np.ndarray, missing: Any) -> np.ndarray:
-    """values[row of table_keys == key] for each key (first occurrence wins), else ``missing``."""
+_Table = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def _distinct(table_keys: np.ndarray) -> _Table:
+    """A lookup table: the keys, their distinct values sorted and the first row holding each
+    (made once per key array: the ops' External ids serve four lookups)."""
+    uniq, first = np.unique(table_keys, return_index=True)
+    return table_keys, uniq, first
+
+
+def _lookup(keys: np.ndarray, table: _Table, values: np.ndarray, missing: Any) -> np.ndarray:
+    """values[row of the table's keys == key] for each key (first occurrence wins), else ``missing``."""
+    table_keys, uniq, first = table
     if len(table_keys) == 0:
         return np.full(len(keys), missing, dtype=values.dtype if len(values) else object)
-    uniq, first = np.unique(table_keys, return_index=True)
     pos = np.searchsorted(uniq, keys)
     pos = np.clip(pos, 0, len(uniq) - 1)
     hit = (uniq[pos] == keys) & (keys >= 0)
@@ -86,7 +124,7 @@ def enclosing_op(ops: pd.DataFrame, parent: np.ndarray, pid: np.ndarray, tid: np
         return out
     o_pid, o_tid = ops["pid"].to_numpy(), ops["tid"].to_numpy()
     o_ts, o_end, o_dur = ops["ts"].to_numpy(), ops["end"].to_numpy(), ops["dur"].to_numpy()
-    order = np.lexsort((-o_dur, o_ts, o_tid, o_pid))
+    order = thread_order(o_pid, o_tid, o_ts, o_dur)
     starts = np.flatnonzero(np.r_[True, (np.diff(o_pid[order]) != 0) | (np.diff(o_tid[order]) != 0)])
     bounds = np.r_[starts, len(order)]
     threads = pd.MultiIndex.from_arrays([o_pid[order][starts], o_tid[order][starts]])
@@ -116,7 +154,8 @@ def _verified(cand: np.ndarray, ops: pd.DataFrame, ok: np.ndarray, pid: np.ndarr
     return held
 
 
-def _link_launches(gpu: pd.DataFrame, runtime: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
+def _link_launches(gpu: pd.DataFrame, runtime: pd.DataFrame, ops: pd.DataFrame, rt_corr: _Table,
+                  op_ext: _Table) -> pd.DataFrame:
     """Kernel (or copy) → launch call by correlation → op.
 
     The op is the one whose External id the kernel (else its launch call) carries, provided the
@@ -127,7 +166,6 @@ def _link_launches(gpu: pd.DataFrame, runtime: pd.DataFrame, ops: pd.DataFrame) 
     link unless that id merely repeats its correlation.
     """
     corr = gpu["correlation"].to_numpy()
-    rt_corr = runtime["correlation"].to_numpy()
     rows = np.arange(len(runtime))
     rt_row = _lookup(corr, rt_corr, rows, -1).astype(np.int64)
     ok = rt_row >= 0
@@ -145,7 +183,6 @@ def _link_launches(gpu: pd.DataFrame, runtime: pd.DataFrame, ops: pd.DataFrame) 
     kind = runtime["kind"].astype(object).to_numpy()
     gpu["in_graph"] = ok & (kind[r] == _GRAPH_LAUNCH) if has_rt else np.zeros(len(gpu), dtype=bool)
     op_rows = np.arange(len(ops))
-    op_ext = ops["external_id"].to_numpy()
     by_kernel = _lookup(gpu["external_id"].to_numpy(), op_ext, op_rows, -1)
     rt_ext = np.where(ok, runtime["external_id"].to_numpy()[r] if has_rt else -1, -1)
     by_call = _lookup(rt_ext, op_ext, op_rows, -1)
@@ -255,8 +292,9 @@ def attach_links(kernels: pd.DataFrame, memcpys: pd.DataFrame, ops: pd.DataFrame
     runtime["kind"] = pd.Categorical(call_kinds(runtime["name"]))
     runtime["op"] = enclosing_op(ops, parent, runtime["pid"].to_numpy(), runtime["tid"].to_numpy(),
                                  runtime["ts"].to_numpy())
-    kernels = _link_launches(kernels, runtime, ops)
-    memcpys = _link_launches(memcpys, runtime, ops)
+    rt_corr, op_ext = _distinct(runtime["correlation"].to_numpy()), _distinct(ops["external_id"].to_numpy())
+    kernels = _link_launches(kernels, runtime, ops, rt_corr, op_ext)
+    memcpys = _link_launches(memcpys, runtime, ops, rt_corr, op_ext)
     steps, source = _step_windows(annotations, (ops, runtime, annotations, kernels, memcpys))
     if source == "whole trace":
         warnings.append("no ProfilerStep or optimizer-step annotations: the whole trace is analysed as one step")
