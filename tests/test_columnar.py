@@ -278,3 +278,19 @@ def test_malformed_json_is_refused_or_read_as_msgspec_does(tmp_path: Path, where
         p.write_bytes(text)
         native, old = _both(p, monkeypatch)
         assert native == old, (where, bad)
+
+
+def test_ids_beyond_int64_become_minus_one_without_a_warning() -> None:
+    """A pid of 1e300 or 2**63 (a fuzzed or damaged trace) is no id: -1, as NaN and 2.5 are, and
+    no cast of an out-of-range float (undefined in C, a RuntimeWarning in numpy)."""
+    import warnings
+
+    import numpy as np
+    values = [7, 2.5, 1e300, -1e300, float(2 ** 63), float(-2 ** 63), float(2 ** 62), None, "12", "x"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = load._ids(values).tolist()
+        num = load._num(values[:8], "int64").tolist()
+    assert got == [7, -1, -1, -1, -1, -1, 2 ** 62, -1, 12, -1]
+    assert num == got[:8]
+    assert load._int64(np.array([3.0, np.inf, 1e19])).tolist() == [3, -1, -1]

@@ -250,10 +250,7 @@ def _num(values: list[Any], dtype: str = "float64") -> np.ndarray:
             raise ValueError
     except (TypeError, ValueError, OverflowError):  # OverflowError: an integer of 400 digits
         a = np.fromiter((_finite(v) for v in values), dtype=np.float64, count=len(values))
-    if dtype == "int64":
-        ok = np.isfinite(a) & (a == np.floor(a))
-        return np.where(ok, a, -1.0).astype(np.int64)
-    return a
+    return _int64(a) if dtype == "int64" else a
 
 
 def _finite(v: Any) -> float:
@@ -271,8 +268,7 @@ def _ids(values: list[Any]) -> np.ndarray:
     a = _num(values)
     if len(a) and np.isnan(a).any() and any(type(v) is str for v in values):
         a = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(dtype=np.float64)
-    ok = np.isfinite(a) & (a == np.floor(a))
-    return np.where(ok, a, -1.0).astype(np.int64)
+    return _int64(a)
 
 
 def _ext(a: list[Any]) -> np.ndarray:
@@ -701,8 +697,9 @@ _READ_BITS = np.array([sum(columnar.RARE_BITS.get(f, 0) for f in _READS[b]) for 
 
 
 def _int64(a: np.ndarray) -> np.ndarray:
-    """Integral finite floats as int64, others -1 (as :func:`_num` with ``"int64"``)."""
-    ok = np.isfinite(a) & (a == np.floor(a))
+    """Integral floats within int64's range as int64, others (NaN, inf, 2.5, 1e300) -1."""
+    with np.errstate(invalid="ignore"):
+        ok = np.isfinite(a) & (a == np.floor(a)) & (np.abs(a) < 2.0**63)
     out: np.ndarray = np.where(ok, a, -1.0).astype(np.int64)
     return out
 
