@@ -16,9 +16,8 @@ import pandas as pd
 from gpuprof.rank import RankView
 
 HOST_NOTE = ("host gaps are deflated by the profiler's cost per event estimated from the trace's own op brackets, "
-             "a floor (median 0.6x the measured cost on the H200 samples); torch.profiler slows the host (1.5-2.2x in "
-             "docs/verification.md), so pass --step-ms with the step time measured without the profiler to scale "
-             "this estimate")
+             "a floor that takes out less than the profiler added; torch.profiler slows the host, so pass --step-ms "
+             "with the step time measured without the profiler to scale this estimate")
 
 
 def ms(us: float) -> float:

@@ -67,11 +67,10 @@ def bracket_cost_us(t: RankTrace) -> float:
     child's, and from the child's end to its own). Such a wrapper (``aten::linear`` around
     ``aten::addmm``, ``aten::conv2d`` around ``aten::convolution``) does one dispatch there, well
     under a microsecond without the profiler; what the trace shows is the profiler's bookkeeping
-    for one event. On the 34 H200 samples whose unprofiled step is measured (and at least 1.3x
-    shorter than traced) this is 0.2-1.6x the cost measured from the step times, median 0.6x, and
-    at most 1.01x on all but ResNet-50 FP32 (1.6x: there the GPU hides part of the host's
-    slowdown, so the measured cost is low): deflating by it takes out less than the profiler
-    added. 0 when the trace has no such ops (GPU-only traces: no deflation)."""
+    for one event. It is a floor: the profiler also slows the host work it does not bracket, so
+    deflating by it takes out less than the profiler added (docs/replay.md, "the bracket
+    estimate", compares it with the cost measured from step times). 0 when the trace has no such
+    ops (GPU-only traces: no deflation)."""
     ops = t.ops
     if not len(ops) or "parent" not in ops.columns:
         return 0.0
