@@ -23,7 +23,12 @@ from gpuprof.specs import resolve
 from gpuprof.trace.load import load_trace
 from tests.conftest import SAMPLES, TraceBuilder
 
-REPORTABLE = sorted([*SAMPLES.glob("*.json.gz"), *(p for p in SAMPLES.iterdir() if p.is_dir() and p.name != "timings")])
+# Every input a user could hand `gpuprof report`: the single traces (the held-out ones too) and the
+# folders that are one program's ranks or run; `heldout/` and `frameworks/` are collections of
+# unrelated programs (with their timings beside them), not one program's ranks.
+REPORTABLE = sorted([*SAMPLES.glob("*.json.gz"), *SAMPLES.glob("heldout/*.json.gz"),
+                     *(d for d in [*SAMPLES.iterdir(), *SAMPLES.glob("frameworks/run_*")]
+                       if (d / "manifest.json").exists() or any(d.glob("rank*.json.gz")))])
 
 
 # --- roofline: cost models and impossible points -------------------------------------------
@@ -74,7 +79,7 @@ def test_a_kernel_above_its_roofline_is_flagged_and_left_out(tmp_path: Path) -> 
     assert any("above its roofline" in w for w in doc["warnings"])
 
 
-@pytest.mark.parametrize("sample", REPORTABLE, ids=lambda p: p.name)
+@pytest.mark.parametrize("sample", REPORTABLE, ids=lambda p: str(p.relative_to(SAMPLES)))
 def test_no_sample_kernel_above_its_roofline_unless_flagged(sample: Path) -> None:
     doc = json.loads(gpuprof.analyze(sample).to_json())
     over = [k["name"] for k in doc["kernels"] if (k["roofline_pct"] or 0) > MODEL_ERROR_PCT]
