@@ -7,7 +7,7 @@ every variant alike:
   structs of the fields gpuprof reads), then :func:`gpuprof.trace.load.load_trace`, in one
   process, as ``benchmarks.stages`` measures them side by side; once with the native scanner
   (``new``) and once with it switched off (``old``: the msgspec path, which is main's loader
-  before issue 26 moved into ``load._from_chunks``; or, with ``--old-src DIR``, the loader of
+  before issue 26 moved into ``gpuprof.trace.chunks.from_chunks``; or, with ``--old-src DIR``, the loader of
   another source tree, e.g. ``git archive main | tar -x -C DIR``);
 - ``peak``: the load alone in a fresh process (no bare decode before it), its peak RSS
   (``VmHWM``) less that of the same process just before the load (the imports).
@@ -44,8 +44,12 @@ def hwm():  # this process's peak RSS, MB (VmHWM starts anew at exec; ru_maxrss 
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
 from gpuprof.trace import load
-if MODE == "old" and hasattr(load, "columnar"):
-    load.columnar.scan = lambda data: None  # the msgspec path
+if MODE == "old":
+    try:
+        from gpuprof.trace import columnar
+        columnar.scan = lambda data: None  # the msgspec path
+    except ImportError:  # a tree from before the scanner (--old-src)
+        pass
 before = hwm()
 c = time.process_time()
 trace = load.load_trace(path)

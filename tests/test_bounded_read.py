@@ -41,7 +41,7 @@ def test_fifo_device_and_folder_are_refused_in_one_line(tmp_path: Path) -> None:
         r = _cli("report", str(p), "--format", "json")
         assert r.returncode == 3 and str(p) in _one_line(r) and what in _one_line(r)
     with pytest.raises(TraceError, match="is a folder"):
-        load.read_file(tmp_path)
+        files.read_file(tmp_path)
     spec = tmp_path / "spec.json"
     os.mkfifo(spec)
     with pytest.raises(SpecError, match="not a regular file"):

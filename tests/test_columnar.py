@@ -21,7 +21,7 @@ import pytest
 from benchmarks.frames_digest import FRAMES, frame_digest
 from gpuprof import files
 from gpuprof.errors import TraceError
-from gpuprof.trace import columnar, load
+from gpuprof.trace import chunks, columnar, kineto, load, native
 from tests.conftest import SAMPLES, TraceBuilder, simple_training_trace
 
 pytestmark = pytest.mark.skipif(not columnar.AVAILABLE, reason="the C scanner is not compiled (pip install -e .)")
@@ -39,7 +39,7 @@ def _digest(path: Path) -> dict[str, str]:
 
 def _native(path: Path) -> bool:
     """Whether the scanner's path takes this file (rather than handing it to msgspec)."""
-    return load._from_columns([files.read(path)]) is not None
+    return native.from_columns([files.read(path)]) is not None
 
 
 def _both(path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, str], dict[str, str]]:
@@ -289,8 +289,8 @@ def test_ids_beyond_int64_become_minus_one_without_a_warning() -> None:
     values = [7, 2.5, 1e300, -1e300, float(2 ** 63), float(-2 ** 63), float(2 ** 62), None, "12", "x"]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        got = load._ids(values).tolist()
-        num = load._num(values[:8], "int64").tolist()
+        got = chunks._ids(values).tolist()
+        num = chunks._num(values[:8], "int64").tolist()
     assert got == [7, -1, -1, -1, -1, -1, 2 ** 62, -1, 12, -1]
     assert num == got[:8]
-    assert load._int64(np.array([3.0, np.inf, 1e19])).tolist() == [3, -1, -1]
+    assert kineto.to_int64(np.array([3.0, np.inf, 1e19])).tolist() == [3, -1, -1]

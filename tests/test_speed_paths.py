@@ -176,12 +176,12 @@ def test_loader_columns_on_a_chunk_boundary(tmp_path: Path, monkeypatch: pytest.
     order of first appearance across chunks, record_function ranges moved to the annotations."""
     import dataclasses
 
-    from gpuprof.trace import columnar, load
+    from gpuprof.trace import chunks, columnar, load
 
     path = SAMPLES / "gpt_bf16.json.gz"
     whole = load.load_trace(path)  # (the native scanner's, where it is compiled: one pass, no chunks)
     monkeypatch.setattr(columnar, "scan", lambda data: None)  # the msgspec path, which decodes in chunks
-    monkeypatch.setattr(load, "CHUNK_EVENTS", 997)  # a prime: buckets split unevenly between chunks
+    monkeypatch.setattr(chunks, "CHUNK_EVENTS", 997)  # a prime: buckets split unevenly between chunks
     chunked = load.load_trace(path)
     assert dataclasses.asdict(whole.meta) == dataclasses.asdict(chunked.meta)
     for f in ("kernels", "memcpys", "ops", "runtime", "annotations", "steps", "collectives", "python", "memory"):

@@ -55,7 +55,7 @@ _NO_RAW = msgspec.Raw(b"")
 
 
 class TraceHead(msgspec.Struct):
-    """The document with its events kept as one raw value (fields as ``load._TraceFile``'s)."""
+    """The document with its events kept as one raw value (fields as ``gpuprof.trace.chunks.TraceFile``'s)."""
     traceEvents: msgspec.Raw = _NO_RAW
     schemaVersion: Any = None
     deviceProperties: Any = None
@@ -76,7 +76,7 @@ _ANYS = msgspec.json.Decoder(list[Any])
 class Scanned:
     """A trace's events as columns (one row per event, in file order).
 
-    ``ph``: 1 "X", 2 "i", else 0. ``cat``: index into ``load._BUCKETS`` (-1: none of them).
+    ``ph``: 1 "X", 2 "i", else 0. ``cat``: index into ``gpuprof.trace.kineto.BUCKETS`` (-1: none of them).
     ``name``: index into ``names`` (the distinct names, decoded). ``num``: the float64 column of
     each of :data:`NUMERIC` (NaN where absent or null; ``pid``, ``tid`` and ``dur`` default to 0
     as the msgspec structs do). ``grid``/``block``: (n, 3) int64, -1 where not three integers.
