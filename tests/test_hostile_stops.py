@@ -1,5 +1,5 @@
-"""Hostile stops (issue #28, second round, item 8): a report killed the way ``timeout``, SLURM
-and CI kill it leaves no worker behind.
+"""Hostile stops and sizes (issue #28, second round, items 8 and 12): a report killed the way
+``timeout``, SLURM and CI kill it leaves no worker behind, and no terminal width makes it grow.
 
 The report runs on two SYNTHETIC ranks (``tests/test_numbers.py``'s 60k-launch trace, twice)
 in two worker processes, local or a local Dask cluster; the test waits until the workers are
@@ -11,6 +11,7 @@ main had left both pool workers alive and blocked (~130 MB each, still there aft
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import SAMPLES
 from tests.test_numbers import _big_trace, _children, _cpu_s
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc to see the workers")
@@ -112,3 +114,24 @@ def test_sigkill_of_the_report_takes_its_workers_with_it(ranks: Path, tmp_path: 
         assert not left, f"workers outlived the report: {left}"
     finally:
         _reap([p.pid, *tree])
+
+
+def _limit() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+
+def test_a_huge_terminal_width_is_capped() -> None:
+    """``COLUMNS=100000000`` had written 650 MB at a 3.5 GB peak: the summary is written at
+    :data:`gpuprof.cli.MAX_WIDTH` columns at most, as on a terminal that wide."""
+    from gpuprof.cli import MAX_WIDTH
+
+    def text(columns: int) -> str:
+        r = subprocess.run([sys.executable, "-m", "gpuprof.cli", "report", str(SAMPLES / "tiny_eager.json.gz"),
+                            "--format", "text", "--no-cache"], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "NO_COLOR": "1", "COLUMNS": str(columns)}, preexec_fn=_limit)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r.stdout
+
+    huge = text(100_000_000)
+    assert max(map(len, huge.splitlines())) <= MAX_WIDTH and len(huge) < 100_000
+    assert huge == text(MAX_WIDTH)
