@@ -53,9 +53,9 @@ def _start(ranks: Path, tmp: Path, how: str) -> tuple[subprocess.Popen[bytes], l
     with its process tree then. Output goes to files: workers that outlived it would hold pipes."""
     backend = ["--workers", "2"] + (["--dask", "local"] if how == "dask" else [])
     env = {**os.environ, "NO_COLOR": "1", "GPUPROF_CACHE_DIR": str(tmp / "cache")}
-    p = subprocess.Popen([sys.executable, "-m", "gpuprof.cli", "report", str(ranks), "--as-ranks", "--no-cache",
-                          "--format", "json", *backend], stdout=(tmp / "out").open("wb"), stderr=(tmp / "err").open("wb"),
-                         env=env, start_new_session=True)
+    with (tmp / "out").open("wb") as out, (tmp / "err").open("wb") as err:
+        p = subprocess.Popen([sys.executable, "-m", "gpuprof.cli", "report", str(ranks), "--as-ranks", "--no-cache",
+                              "--format", "json", *backend], stdout=out, stderr=err, env=env, start_new_session=True)
     # Forked pool workers start with gpuprof imported; Dask's spawned ones import it first (~1.5 s of CPU).
     busy = 0.3 if how == "pool" else 2.5
     deadline = time.monotonic() + 240
@@ -128,7 +128,7 @@ def test_a_huge_terminal_width_is_capped() -> None:
     def text(columns: int) -> str:
         r = subprocess.run([sys.executable, "-m", "gpuprof.cli", "report", str(SAMPLES / "tiny_eager.json.gz"),
                             "--format", "text", "--no-cache"], capture_output=True, text=True, timeout=120,
-                           env={**os.environ, "NO_COLOR": "1", "COLUMNS": str(columns)}, preexec_fn=_limit)
+                           check=False, env={**os.environ, "NO_COLOR": "1", "COLUMNS": str(columns)}, preexec_fn=_limit)
         assert r.returncode == 0, r.stderr[-2000:]
         return r.stdout
 
