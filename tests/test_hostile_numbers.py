@@ -1,7 +1,7 @@
-"""Hostile inputs that had been reported as if sound (issue #28, second round, item 14): events
-recorded twice, correlation ids shared by launches, steps of no duration. Each is now dropped,
-left unlinked or refused, and said, never counted quietly (:mod:`gpuprof.trace.integrity`,
-``gpuprof.trace.links``).
+"""Hostile inputs that had been reported as if sound (issue #28, second round, items 14 and 15):
+events recorded twice, correlation ids shared by launches, steps of no duration, one trace
+named as many ranks. Each is now dropped, left unlinked or refused, and said, never counted
+quietly (:mod:`gpuprof.trace.integrity`, ``gpuprof.trace.links``, ``gpuprof.runfolder``).
 
 Every damaged trace is a REAL sample (``gpt_bf16``: 3 steps of 26.24 ms, 1,167 kernels) copied
 and damaged in code here: its events duplicated, or shifted and appended, or its
@@ -15,6 +15,7 @@ import copy
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any
 import pytest
 
 import gpuprof
+from gpuprof.errors import TraceError
 from gpuprof.trace.load import load_trace
 from tests.conftest import SAMPLES
 
@@ -149,3 +151,35 @@ def test_real_traces_raise_none_of_these(name: str) -> None:
     the profiler started: ids on kernels with no launch call in the trace. Neither is damage."""
     w = load_trace(SAMPLES / f"{name}.json.gz").meta.warnings
     assert not [x for x in w if "repeat another" in x or "correlation id" in x or "ProfilerStep span" in x], w
+
+
+# --- 15. one trace named as many ranks -------------------------------------------------------
+
+def test_a_manifest_listing_one_trace_many_times_is_refused(tmp_path: Path) -> None:
+    """A real run folder whose manifest lists its one trace 200 times: main reported 200 ranks."""
+    run = tmp_path / "run"
+    shutil.copytree(SAMPLES / "run_gpt_bf16", run)
+    doc = json.loads((run / "manifest.json").read_text())
+    doc["traces"] = [dict(doc["traces"][0], rank=i) for i in range(200)]
+    (run / "manifest.json").write_text(json.dumps(doc))
+    _one_line(_cli("report", str(run), "--format", "json", "--no-cache"), "manifest.json",
+              "lists one trace file twice, traces[0].path ('traces/rank0.json.gz') and traces[1].path")
+
+
+@pytest.mark.parametrize("how", ["twice", "link", "hard_link", "folder_and_file"])
+def test_one_trace_given_as_two_is_refused(tmp_path: Path, how: str) -> None:
+    """The same file twice however spelled: on the command line, through a link or a hard link,
+    or inside a folder given beside it."""
+    t = tmp_path / "ranks" / "rank0.json.gz"
+    t.parent.mkdir()
+    shutil.copy(SAMPLES / "tiny_eager.json.gz", t)
+    other = tmp_path / "other.json.gz"
+    if how == "link":
+        other.symlink_to(t)
+    elif how == "hard_link":
+        os.link(t, other)
+    second = {"twice": t, "link": other, "hard_link": other, "folder_and_file": t.parent}[how]
+    _one_line(_cli("report", str(t), str(second), "--format", "json", "--no-cache"),
+              "is the same trace file as", str(t))
+    with pytest.raises(TraceError, match="same trace file"):
+        gpuprof.analyze([t, second])
