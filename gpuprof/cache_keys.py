@@ -30,7 +30,9 @@ import gpuprof
 
 #: What a trace file's name ends with (folders are listed by it).
 TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
-FORMAT = 6  # 5: runtime kind/op, kernels in_graph/name_class, meta graph counts (issue 10), python frames; 6: memory
+# 5: runtime kind/op, kernels in_graph/name_class, meta graph counts (issue 10), python frames; 6: memory;
+# 7: events repeated, shared correlation ids, empty ProfilerStep spans found and said (#28)
+FORMAT = 7
 
 
 def cache_dir() -> Path:

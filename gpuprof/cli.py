@@ -41,11 +41,17 @@ def _color() -> bool:
     return sys.stdout.isatty() and "NO_COLOR" not in os.environ
 
 
+#: The widest terminal summary written: lines grow with the width (step bars, wrapped text), and
+#: ``COLUMNS=100000000`` had written 650 MB at a 3.5 GB peak. Wider terminals get this width.
+MAX_WIDTH = 500
+
+
 def _width() -> int:
-    """The terminal's width (``COLUMNS`` when set, 100 when stdout is not a terminal)."""
+    """The terminal's width (``COLUMNS`` when set, 100 when stdout is not a terminal), at most
+    ``MAX_WIDTH``."""
     import shutil
 
-    return shutil.get_terminal_size((100, 24)).columns
+    return min(shutil.get_terminal_size((100, 24)).columns, MAX_WIDTH)
 
 
 def _emit(text: str, output: Path | None, force: bool, inputs: files.Inputs) -> None:
@@ -144,26 +150,39 @@ def report(paths: tuple[Path, ...], fmt: str, output: Path | None, force: bool, 
                 annotated)
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (``timeout``, SLURM, CI): handled as Ctrl-C is, so the workers are stopped too."""
+
+
 @contextlib.contextmanager
 def _interruptible() -> Iterator[None]:
-    """Ctrl-C: one line and exit 130 (128 + SIGINT), no traceback. Worker processes forked for
-    rank traces inherit the handler and leave quietly; only this process reports."""
+    """Ctrl-C: one line and exit 130 (128 + SIGINT), no traceback; SIGTERM likewise, exit 143
+    (128 + SIGTERM). Worker processes forked for rank traces inherit the handlers and leave
+    quietly; only this process reports, after killing any worker still running (a signal sent to
+    this process alone must not leave them behind)."""
     main_pid = os.getpid()
 
-    def on_sigint(signum: int, frame: Any) -> None:
+    def on_signal(signum: int, frame: Any) -> None:
         if os.getpid() != main_pid:
-            os._exit(130)  # a forked worker: the parent says it once
-        raise KeyboardInterrupt
+            os._exit(128 + signum)  # a forked worker: the parent says it once
+        raise _Terminated if signum == signal.SIGTERM else KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
-    except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while workers stop
-        click.echo("\ngpuprof: interrupted", err=True)
-        sys.exit(130)
+    except KeyboardInterrupt as e:
+        for s in previous:
+            signal.signal(s, signal.SIG_IGN)  # a second signal while workers stop
+        term = isinstance(e, _Terminated)
+        click.echo(f"\ngpuprof: {'terminated' if term else 'interrupted'}", err=True)
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
+        # Straight out, as the signal's default would: exit handlers of half-started libraries (a
+        # Dask cluster interrupted while its workers start) would print tracebacks after the line.
+        os._exit(128 + (signal.SIGTERM if term else signal.SIGINT))
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 def _report(paths: tuple[Path, ...], fmt: str, output: Path | None, force: bool, gpu: str | None,

@@ -5,12 +5,22 @@ keep each rank's frames once loaded (``keep``): the later passes over a rank (it
 slow rank's detail, its replay graph) then reuse them instead of loading the rank again; that is
 how a job small enough to hold whole (``IN_PROCESS_MAX_BYTES``) and a single trace are analysed.
 Worker processes and Dask workers hold one rank at a time and send back only what a rank yields.
+
+Workers never outlive the report: a worker process ends when the process that started it does,
+even by SIGKILL (:func:`_die_with_parent`), and an interrupted or terminated report kills its
+workers before it exits; a local Dask cluster's worker processes watch their parent themselves
+(``distributed``'s ``AsyncProcess`` exits when its parent's pipe closes) and are closed with it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import signal
+import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
@@ -96,6 +106,45 @@ def _on_dask_worker(fn: Any, *args: Any) -> Any:
         raise type(e)(f"{e} (read on Dask worker {where})") from None
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int, forked: bool) -> None:
+    """A worker process's initializer: it is sent SIGKILL as soon as the process that started it
+    dies, however that died (``kill -9``, the OOM killer, a batch scheduler), so no worker is left
+    holding a rank's frames, waiting for ever on a queue nobody reads (Linux ``PR_SET_PDEATHSIG``;
+    elsewhere a thread that checks every second whether it was re-parented). ``forked``: the
+    worker is a fork of ``parent``, so a parent already gone (before the signal was armed) shows
+    as another parent pid."""
+    armed = False
+    if sys.platform.startswith("linux"):
+        try:
+            armed = ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            armed = False
+    if not armed:
+        first = os.getppid()
+
+        def watch() -> None:
+            while os.getppid() == first:
+                time.sleep(1.0)
+            os._exit(1)
+
+        threading.Thread(target=watch, name="gpuprof-parent-watch", daemon=True).start()
+    if forked and os.getppid() != parent:
+        os._exit(1)
+
+
+def _kill_workers(pool: Any) -> None:
+    """SIGKILL the pool's worker processes (a rank's work holds the GIL in pandas for seconds, so
+    only SIGKILL is sure to stop it now); the pool then sees them gone and shuts down."""
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):  # ProcessPoolExecutor's own table
+        try:
+            proc.kill()
+        except (OSError, ValueError):  # already gone, or closed
+            pass
+
+
 def _label(arg: Any) -> str:
     return str(getattr(arg, "path", arg))
 
@@ -133,9 +182,12 @@ class Executor:
                 raise GpuprofError(f"cannot reach the Dask scheduler {dask!r} ({e})") from None
             return
         if w > 1:
+            import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
 
-            self.pool = ProcessPoolExecutor(max_workers=w)
+            ctx = multiprocessing.get_context()
+            self.pool = ProcessPoolExecutor(max_workers=w, mp_context=ctx, initializer=_die_with_parent,
+                                            initargs=(os.getpid(), ctx.get_start_method() == "fork"))
         elif keep:
             self.store = {}
 
@@ -221,9 +273,11 @@ class Executor:
     def __enter__(self) -> Executor:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
         if self.pool is not None:
-            self.pool.shutdown()
+            if kind is not None and not issubclass(kind, Exception):  # Ctrl-C, SIGTERM: stop now, not after the ranks
+                _kill_workers(self.pool)
+            self.pool.shutdown(cancel_futures=kind is not None)
         if self.client is not None:
             self.client.close(timeout=10)
         if self.cluster is not None:

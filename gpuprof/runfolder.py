@@ -143,14 +143,20 @@ def run_manifest(folder: Path) -> tuple[dict[str, Any] | None, Path]:
 
 
 def find_traces(paths: Sequence[str | Path]) -> list[Path]:
-    """Trace files named by ``paths``: files as given; folders by manifest, else every trace file."""
+    """Trace files named by ``paths``: files as given; folders by manifest, else every trace file.
+
+    Each file once: a trace is one rank, so a file named twice (listed twice in a manifest, given
+    twice, or reached again through a link or a hard link) is refused in one line rather than
+    reported as several ranks."""
     out: list[Path] = []
+    named: list[tuple[str, Path]] = []  # how each file was named, for the error: (label, where)
     for raw in paths:
         p = Path(raw)
         if not p.exists():
             raise TraceError("no such file or folder", str(p))
         if p.is_file():
             out.append(p)
+            named.append((str(p), p))
             continue
         if not p.is_dir():  # a FIFO, a device: one line saying so (reading it could block or never end)
             from gpuprof.files import read_file
@@ -164,12 +170,35 @@ def find_traces(paths: Sequence[str | Path]) -> list[Path]:
                                  if manifest.is_file() else "run folder without manifest.json holds no traces",
                                  str(manifest if manifest.is_file() else p))
             out.extend(listed)
+            where = manifest if manifest.is_file() else p
+            named.extend((f"traces[{i}].path ({t.get('path')!r})" if manifest.is_file() else str(f), where)
+                         for i, (t, f) in enumerate(zip(doc["traces"], listed)))
             continue
         found = sorted(f for f in p.iterdir() if _is_trace_name(f))
         if not found:
             raise TraceError("folder holds no trace files (*.json, *.json.gz)", str(p))
         out.extend(found)
+        named.extend((str(f), f) for f in found)
+    _each_once(out, named)
     return out
+
+
+def _each_once(found: list[Path], named: list[tuple[str, Path]]) -> None:
+    """Refuse a file found twice (same device and inode: another spelling, a link, a hard link)."""
+    seen: dict[tuple[int, int], int] = {}
+    for i, f in enumerate(found):
+        try:
+            st = f.stat()
+        except OSError:
+            continue  # loading it says what is wrong
+        j = seen.setdefault((st.st_dev, st.st_ino), i)
+        if j == i:
+            continue
+        (first, _), (label, where) = named[j], named[i]
+        if where.name == "manifest.json" and named[j][1] == where:
+            raise TraceError(f"the run manifest lists one trace file twice, {first} and {label}: each trace is one "
+                             "rank, listed once", str(where))
+        raise TraceError(f"is the same trace file as {first}: each trace is one rank, named once", label)
 
 
 def manifest_of(paths: Sequence[str | Path]) -> tuple[Path | None, dict[str, Any]]:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpuprof.trace import integrity
 from gpuprof.trace.model import RankTrace, TraceMeta, empty_memory
 from gpuprof.trace.names import call_kinds
 
@@ -155,7 +156,7 @@ def _verified(cand: np.ndarray, ops: pd.DataFrame, ok: np.ndarray, pid: np.ndarr
 
 
 def _link_launches(gpu: pd.DataFrame, runtime: pd.DataFrame, ops: pd.DataFrame, rt_corr: _Table,
-                  op_ext: _Table) -> pd.DataFrame:
+                  op_ext: _Table, ambiguous: np.ndarray | None = None) -> pd.DataFrame:
     """Kernel (or copy) → launch call by correlation → op.
 
     The op is the one whose External id the kernel (else its launch call) carries, provided the
@@ -163,11 +164,14 @@ def _link_launches(gpu: pd.DataFrame, runtime: pd.DataFrame, ops: pd.DataFrame, 
     around the call (``runtime["op"]``). torch ~2.0-2.3 wrote each kernel's correlation id as its
     External id, which names some unrelated op: the check keeps such ids from linking. A kernel
     with no launch call in the trace (launched before the profiler started) keeps its External id
-    link unless that id merely repeats its correlation.
+    link unless that id merely repeats its correlation. An ``ambiguous`` event (its correlation id
+    shared: :func:`gpuprof.trace.integrity.ambiguous_launches`) is linked to no call and no op.
     """
     corr = gpu["correlation"].to_numpy()
     rows = np.arange(len(runtime))
     rt_row = _lookup(corr, rt_corr, rows, -1).astype(np.int64)
+    if ambiguous is not None:
+        rt_row[ambiguous] = -1
     ok = rt_row >= 0
     r = np.maximum(rt_row, 0)
     has_rt = len(runtime) > 0
@@ -190,14 +194,29 @@ def _link_launches(gpu: pd.DataFrame, runtime: pd.DataFrame, ops: pd.DataFrame, 
     op = np.where(_verified(by_kernel, ops, ok, launch_pid, launch_tid, launch_ts), by_kernel,
                   np.where(_verified(by_call, ops, ok, launch_pid, launch_tid, launch_ts), by_call, around))
     unlaunched = ~ok & (by_kernel >= 0) & (gpu["external_id"].to_numpy() != corr)
+    if ambiguous is not None:
+        unlaunched &= ~ambiguous
     gpu["op"] = np.where(unlaunched, by_kernel, op)
     return gpu
 
 
-def _profiler_steps(ann: pd.DataFrame) -> pd.DataFrame | None:
+def _profiler_steps(ann: pd.DataFrame, warnings: list[str] | None = None) -> pd.DataFrame | None:
+    """The ``ProfilerStep#N`` spans of ``ann`` as step windows, else None. A span of zero or
+    negative duration (the loader reads a negative one as 0) holds no event, and had been reported
+    as a step of 0.00 ms: it is left out, and a warning in ``warnings`` says how many were."""
     names = ann["name"].astype(str) if len(ann) else pd.Series([], dtype=str)
     m = names.str.extract(_PROFILER_STEP.pattern, expand=False)
     if not (len(ann) and m.notna().any()):
+        return None
+    empty = m.notna().to_numpy() & ~(ann["dur"].to_numpy() > 0)
+    if empty.any() and warnings is not None:
+        kept = int(m.notna().sum() - empty.sum())
+        first = str(ann["name"].iloc[int(np.flatnonzero(empty)[0])])[:40]
+        warnings.append(f"{int(empty.sum())} ProfilerStep span(s) of zero or negative duration (e.g. {first!r}) are "
+                        "left out: they hold no event; "
+                        + (f"{kept} step(s) remain" if kept else "steps are taken from what else marks them"))
+    m = m.where(~empty)
+    if not m.notna().any():
         return None
     sel = ann[m.notna()]
     digits = m[m.notna()]
@@ -210,13 +229,15 @@ def _profiler_steps(ann: pd.DataFrame) -> pd.DataFrame | None:
     return steps.sort_values("cpu_start").drop_duplicates("step").reset_index(drop=True)
 
 
-def _step_windows(annotations: pd.DataFrame, frames: tuple[pd.DataFrame, ...]) -> tuple[pd.DataFrame, str]:
+def _step_windows(annotations: pd.DataFrame, frames: tuple[pd.DataFrame, ...],
+                  warnings: list[str] | None = None) -> tuple[pd.DataFrame, str]:
     """Step windows and where they came from: CPU ``ProfilerStep#N`` spans; else the GPU's
     ``ProfilerStep#N`` annotations (a GPU-only trace: the windows are then on the GPU timeline);
-    else one step per ``Optimizer.step``; else the whole trace (its first to last event)."""
+    else one step per ``Optimizer.step``; else the whole trace (its first to last event).
+    ``ProfilerStep`` spans without duration are left out, said in ``warnings``."""
     on_gpu = annotations["on_gpu"].to_numpy(dtype=bool) if len(annotations) else np.zeros(0, dtype=bool)
     cpu = annotations[~on_gpu]
-    steps = _profiler_steps(cpu)
+    steps = _profiler_steps(cpu, warnings)
     if steps is not None:
         return steps, "ProfilerStep"
     starts = [f["ts"].min() for f in frames if len(f)]
@@ -235,7 +256,7 @@ def _step_windows(annotations: pd.DataFrame, frames: tuple[pd.DataFrame, ...]) -
             steps = steps.iloc[1:].reset_index(drop=True)
         return steps, "optimizer"
     if not len(cpu):
-        steps = _profiler_steps(annotations[on_gpu])
+        steps = _profiler_steps(annotations[on_gpu], warnings)
         if steps is not None:
             return steps, "ProfilerStep (GPU)"
     ends_all = [f["end"].max() for f in frames if len(f)]
@@ -287,21 +308,31 @@ def _gpu_times(steps: pd.DataFrame, kernels: pd.DataFrame, memcpys: pd.DataFrame
 def attach_links(kernels: pd.DataFrame, memcpys: pd.DataFrame, ops: pd.DataFrame, runtime: pd.DataFrame,
                  annotations: pd.DataFrame, meta_kwargs: dict[str, Any], warnings: list[str],
                  memory: pd.DataFrame | None = None) -> RankTrace:
+    memory = empty_memory() if memory is None else memory
+    # Damage no profiler writes, found before anything is linked (gpuprof.trace.integrity).
+    kept, repeated = integrity.drop_repeated({"kernels": kernels, "memcpys": memcpys, "ops": ops, "runtime": runtime,
+                                              "annotations": annotations, "memory": memory})
+    kernels, memcpys, ops, runtime = kept["kernels"], kept["memcpys"], kept["ops"], kept["runtime"]
+    annotations, memory = kept["annotations"], kept["memory"]
+    if repeated:
+        warnings.append(repeated)
     depth, parent = nest(ops)
     ops["depth"], ops["parent"] = depth, parent
     runtime["kind"] = pd.Categorical(call_kinds(runtime["name"]))
     runtime["op"] = enclosing_op(ops, parent, runtime["pid"].to_numpy(), runtime["tid"].to_numpy(),
                                  runtime["ts"].to_numpy())
+    k_amb, m_amb, shared = integrity.ambiguous_launches(kernels, memcpys, runtime, str(meta_kwargs.get("path")))
+    if shared:
+        warnings.append(shared)
     rt_corr, op_ext = _distinct(runtime["correlation"].to_numpy()), _distinct(ops["external_id"].to_numpy())
-    kernels = _link_launches(kernels, runtime, ops, rt_corr, op_ext)
-    memcpys = _link_launches(memcpys, runtime, ops, rt_corr, op_ext)
-    steps, source = _step_windows(annotations, (ops, runtime, annotations, kernels, memcpys))
+    kernels = _link_launches(kernels, runtime, ops, rt_corr, op_ext, k_amb if shared else None)
+    memcpys = _link_launches(memcpys, runtime, ops, rt_corr, op_ext, m_amb if shared else None)
+    steps, source = _step_windows(annotations, (ops, runtime, annotations, kernels, memcpys), warnings)
     if source == "whole trace":
         warnings.append("no ProfilerStep or optimizer-step annotations: the whole trace is analysed as one step")
     elif source == "optimizer" and len(steps) >= FIRST_WINDOW_DROPPED_FROM - 1:
         warnings.append("steps are the windows between optimizer steps (no ProfilerStep annotations); the one "
                         "before the first optimizer step (set-up, warm-up) is left out")
-    memory = empty_memory() if memory is None else memory
     for frame, col in ((ops, "ts"), (runtime, "ts"), (memory, "ts")):
         frame["step"] = _assign(frame[col].to_numpy(), steps)
     for frame in (kernels, memcpys):
