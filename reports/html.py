@@ -196,7 +196,11 @@ def missing(doc: dict[str, Any], detail: dict[str, Any]) -> dict[str, str | None
     gpu_work = bool(doc["kernels"]) or (s.get("gpu_busy_pct") or 0) > 0
     record = ("record with `torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], "
               "record_shapes=True)`")
-    out: dict[str, str | None] = dict.fromkeys(("timeline", "breakdown", "roofline", "operators", "memory"))
+    out: dict[str, str | None] = dict.fromkeys(("timeline", "breakdown", "roofline", "operators", "memory",
+                                                "kernels"))
+    if not doc["kernels"]:
+        out["kernels"] = ("No kernels in the profiled steps" + ("." if gpu_work else ": this trace has no GPU events; "
+                                                                 + record + " to trace the GPU too."))
     if not (detail.get("timeline") or {}).get("lanes"):
         out["timeline"] = ("No timeline: this trace has no GPU events (kernels or copies) to draw; " + record
                            + " to trace the GPU too." if not gpu_work else
