@@ -78,7 +78,10 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         p = write(Path(tmp) / "threads.json.gz", args.threads)
+        size = p.stat().st_size
+        t_a = time.perf_counter()
         a = gpuprof.analyze(p, cache=False)
+        analyse_s = time.perf_counter() - t_a
         t0 = time.perf_counter()
         views = a.views_detail()
         took = time.perf_counter() - t0
@@ -87,7 +90,7 @@ def main() -> int:
         page_s = time.perf_counter() - t1
     tl = views["timeline"]
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"{args.threads} host threads, {p.stat().st_size / 1e3:.0f} kB gzip: views {took:.2f} s, whole page "
+    print(f"{args.threads} host threads, {size / 1e3:.0f} kB gzip: analysis {analyse_s:.1f} s, views {took:.2f} s, whole page "
           f"{page_s:.2f} s ({len(page) / 1e6:.1f} MB), {len(tl['lanes'])} lanes ({tl['threads_summarised']} threads "
           f"summarised), peak RSS {rss:.0f} MB")
     if args.threads >= 100_000 and took > BOUND_S:
