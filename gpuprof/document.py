@@ -79,10 +79,21 @@ def to_dict(result: Result) -> dict[str, Any]:
         "findings": [{**f.to_dict(), "ranked_by_ms": round(ranked_saving_ms(f), 4)} for f in result.findings],
         "ranking": {"by": RANKING, "low_confidence_weight": LOW_CONFIDENCE_WEIGHT,
                     "negligible_below_pct": NEGLIGIBLE_PCT},
-        "notes": [f.to_dict() for f in result.notes],
+        "notes": [{**f.to_dict(), "ranked_by_ms": round(ranked_saving_ms(f), 4)} for f in result.notes],
         "analyzers_skipped": list(result.skipped),
-        "warnings": result.warnings,
+        "warnings": [*result.warnings, *replay_notes(result)],
     }
+
+
+def replay_notes(result: Result) -> list[str]:
+    """What the report says when its traces had GPU work but could not be replayed (the
+    dependency graph could not be built, or replayed to no finite step): the report goes on
+    without a replayed step time or projection, and findings keep the time they claim."""
+    if result.replay_step_time_ms is not None or not any(p.has_gpu for p in result.parts):
+        return []
+    return ["no replay: gpuprof could not build or run this trace's dependency graph (the reason is on stderr, "
+            "'gpuprof: warning: no replay: ...'), so there is no replayed step time and no projection, and each "
+            "finding's saving is the time it claims on the trace rather than its fix replayed"]
 
 
 def per_step(result: Result) -> list[dict[str, Any]]:
@@ -97,10 +108,17 @@ def per_step(result: Result) -> list[dict[str, Any]]:
 
 
 def operators_table(ranks: Sequence[RankResult], top: int = 300) -> list[dict[str, Any]]:
-    """The heaviest CPU ops by GPU time (:func:`gpuprof.views.operators`), as records."""
+    """The heaviest CPU ops by GPU time (:func:`gpuprof.views.operators`), as records, each also
+    per step as the kernel table is (``*_ms_per_step``, ``calls_per_step``: the totals over every
+    rank's profiled steps divided by how many those are)."""
     from gpuprof import views
 
-    out: list[dict[str, Any]] = clean(views.operators(ranks, top=top).to_dict("records"))
+    steps = sum(max(len(r.trace.steps), 1) for r in ranks) or 1
+    t = views.operators(ranks, top=top)
+    for col in ("host_us", "host_self_us", "gpu_us", "gpu_self_us"):
+        t[col[:-3] + "_ms_per_step"] = t[col] / 1000.0 / steps
+    t["calls_per_step"] = t["count"] / steps
+    out: list[dict[str, Any]] = clean(t.to_dict("records"))
     return out
 
 

@@ -18,6 +18,7 @@ See docs/replay.md for the assumptions and the accuracy table.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpuprof.claims import Contribution
-from gpuprof.errors import GpuprofError
+from gpuprof.errors import GpuprofError, GpuprofWarning
 from gpuprof.replay.fixes import CROSS_RANK, REGROUPING, Plan, apply
 
 if TYPE_CHECKING:
@@ -255,7 +256,9 @@ def unchanged_ms(p: Plan | None, trace: RankTrace) -> float | None:
 
     try:
         got = run(p.raw).step_time_ms if p is not None else replay(trace).step_time_ms
-    except GpuprofError:
+    except GpuprofError as e:
+        # not the end of the report: a note on it (gpuprof.document) and this line on stderr
+        warnings.warn(GpuprofWarning(f"no replay: {e}"), stacklevel=2)
         return None
     return got if np.isfinite(got) else None
 

@@ -18,6 +18,7 @@ for a GPU not listed) overrides any of these; the datasheet entry it names fills
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
@@ -462,6 +463,39 @@ def _gemm_rows(rows: Any, p: Path) -> tuple[tuple[str, int, int, int, float], ..
     return tuple(out)
 
 
+def _compact(s: str) -> str:
+    return re.sub(r"[\s_\-]", "", s.upper())
+
+
+def by_key(gpu: str) -> GpuSpec:
+    """The entry ``--gpu`` names: its key or its full name exactly, case, spaces, '-' and '_'
+    aside (``h100-sxm``, ``H100 SXM``, ``NVIDIA H100 SXM``). Anything else is a
+    :class:`SpecError` (exit 4) listing the candidates, never a guess: ``A100`` is four parts and
+    ``H100-PCI`` is not ``H100-PCIE``, and MFU and every roofline % rest on the part's peaks
+    (756 against 989 TFLOP/s BF16 between H100 PCIe and SXM)."""
+    want = _compact(gpu)
+    for key, spec in BUILTIN.items():
+        if want in (_compact(key), _compact(spec.name)):
+            return spec
+    keys = list(BUILTIN)
+    # the keys holding what was typed (those starting with it first), the part a trace naming
+    # this device would get, and only when neither finds one, the keys spelled most alike
+    near = sorted((k for k in keys if want and want in _compact(k)), key=lambda k: not _compact(k).startswith(want))
+    guess = _by_name(gpu, {}) if gpu.strip() else None
+    if guess is not None:
+        near.append(guess.key)
+    if not near:
+        by_compact = {_compact(k): k for k in keys}
+        near = [by_compact[c] for c in difflib.get_close_matches(want, list(by_compact), n=4, cutoff=0.7)]
+    near = list(dict.fromkeys(near))
+    if not near:
+        raise SpecError(f"unknown GPU {gpu!r}; known: {', '.join(keys)}; or pass --gpu-spec FILE")
+    one = len(near) == 1
+    raise SpecError(f"{'inexact' if one else 'ambiguous'} GPU {gpu!r}: {'did you mean' if one else 'it could be'} "
+                    f"{', '.join(near)}? Pass {'it' if one else 'one'} exactly as written (--gpu "
+                    f"{near[0]}; every key: {', '.join(keys)}), or --gpu-spec FILE")
+
+
 def resolve(device_props: list[dict[str, Any]], gpu: str | None = None, spec_file: str | None = None) -> GpuSpec | None:
     """The spec to analyse against: a spec file, else ``--gpu NAME``, else the trace's device
     (by name, else by architecture; scaled to a partial device, see :func:`_for_device`).
@@ -472,11 +506,8 @@ def resolve(device_props: list[dict[str, Any]], gpu: str | None = None, spec_fil
     if spec_file:
         return load_spec_file(spec_file)
     if gpu:
-        found = find_builtin(gpu)
-        if found is None:
-            known = ", ".join(BUILTIN)
-            raise SpecError(f"unknown GPU {gpu!r}; known: {known}; or pass --gpu-spec FILE")
-        return replace(found, source=f"{found.source} (--gpu {gpu})")
+        named = by_key(gpu)
+        return replace(named, source=f"{named.source} (--gpu {gpu})")
     for props in device_props:
         name = props.get("name")
         found = find_builtin(name, props=props) if isinstance(name, str) else None

@@ -24,6 +24,8 @@ from gpuprof.analysis import Result
 from gpuprof.claims import owned_units
 from gpuprof.idle import classify_gaps
 from gpuprof.rank import RankResult
+from gpuprof.trace.model import RankTrace
+from gpuprof.trace.names import ALLOCATOR_CALLS
 
 CLAIM_COLUMNS = ["finding", "rank", "kind", "row", "ts", "end", "saved_us", "name", "stream"]
 _KINDS = {"k": "kernel", "m": "memcpy", "gap": "gap"}
@@ -90,8 +92,9 @@ def annotation_data(result: Result, ranks: Sequence[RankResult]) -> list[dict[st
     (``t0_epoch_ns``, :class:`gpuprof.trace.model.TraceMeta`), each
     kernel's roofline class, and each finding's claimed items with the finding's headline.
 
-    ``kernels`` holds columns ts, dur, stream, device, cls (compute, memory, latency, unknown,
-    communication), bound, roofline_pct, achieved_tflops, achieved_gbps; ``claims`` is
+    ``kernels`` holds columns ts, dur, stream, device, step (-1 outside the profiled steps), cls
+    (compute, memory, latency, unknown, communication), bound, roofline_pct, achieved_tflops,
+    achieved_gbps; ``claims`` is
     :func:`claims` for that rank."""
     c = claims(result, ranks)
     findings = {f.id: {"id": f.id, "category": f.category, "title": f.title,
@@ -101,7 +104,7 @@ def annotation_data(result: Result, ranks: Sequence[RankResult]) -> list[dict[st
     out = []
     for r in ranks:
         meta = r.trace.meta
-        k = pd.concat([r.trace.kernels[["ts", "dur", "stream", "device"]],
+        k = pd.concat([r.trace.kernels[["ts", "dur", "stream", "device", "step"]],
                        r.roofline[["cls", "bound", "roofline_pct", "achieved_tflops", "achieved_gbps"]]], axis=1)
         mine = c[c["rank"] == meta.rank]
         out.append({"path": meta.path, "rank": meta.rank, "t0_epoch_ns": meta.t0_epoch_ns, "kernels": k,
@@ -137,6 +140,97 @@ def _pick_step(steps: pd.DataFrame) -> int | None:
     return int(order["step"].iloc[(len(order) - 1) // 2])
 
 
+#: What one page can show of a step: past these, the least busy host threads (by their ops' and
+#: runtime calls' time in the step) share one lane per level, the least busy GPU streams one lane,
+#: and of many ranks the slowest and fastest are drawn. At 34 px a lane, 12 threads (3 lanes
+#: each), 24 streams and the idle lane are a page of about 2,100 px.
+MAX_HOST_THREADS = 12
+MAX_STREAMS = 24
+MAX_RANKS = 16
+
+_ITEM_COLUMNS = ["start", "dur", "name", "cls", "shapes", "detail", "kind", "rank", "row"]
+_HOST_LEVELS = ("ops", "ops, level 2", "runtime")
+
+
+def _ordered(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Codes and uniques of ``values``, uniques sorted where they compare (thread ids are numbers
+    or, in old traces, strings)."""
+    try:
+        codes, uniq = pd.factorize(values, sort=True)
+    except TypeError:
+        codes, uniq = pd.factorize(values.astype(str), sort=True)
+    return codes, np.asarray(uniq, dtype=object)
+
+
+def _host_lanes(t: RankTrace, pos: int, origin: float, shapes_of_op: np.ndarray, rk: int
+                ) -> tuple[pd.DataFrame, list[str], int]:
+    """The step's host items (top-level and second-level ops, runtime calls) with a ``lane`` code
+    each, the lanes' names, and how many threads were summarised: all threads at once, the
+    ``MAX_HOST_THREADS`` busiest with lanes of their own (in thread order), the rest sharing one
+    lane per level."""
+    ops = t.ops[(t.ops["step"].to_numpy() == pos) & (t.ops["depth"].to_numpy() <= 1)]
+    rt = t.runtime[t.runtime["step"].to_numpy() == pos]
+    if not len(ops) and not len(rt):
+        return pd.DataFrame(columns=[*_ITEM_COLUMNS, "lane"]), [], 0
+    oi = ops.index.to_numpy()
+    h = pd.concat([
+        pd.DataFrame({"start": ops["ts"].to_numpy() - origin, "dur": ops["dur"].to_numpy(),
+                      "name": ops["name"].astype(str).to_numpy(), "cls": "cpu_op",
+                      "shapes": shapes_of_op[oi] if len(shapes_of_op) else "", "detail": "", "kind": "op",
+                      "rank": rk, "row": oi, "tid": ops["tid"].to_numpy(), "level": ops["depth"].to_numpy()}),
+        pd.DataFrame({"start": rt["ts"].to_numpy() - origin, "dur": rt["dur"].to_numpy(),
+                      "name": rt["name"].astype(str).to_numpy(), "cls": "runtime", "shapes": "", "detail": "",
+                      "kind": "runtime", "rank": rk, "row": rt.index.to_numpy(), "tid": rt["tid"].to_numpy(),
+                      "level": 2})], ignore_index=True)
+    codes, tids = _ordered(h["tid"].to_numpy())
+    level = h["level"].to_numpy().astype(np.int64)
+    busy = np.bincount(codes, weights=np.where(level != 1, h["dur"].to_numpy(dtype=float), 0.0), minlength=len(tids))
+    kept = np.sort(np.argsort(-busy, kind="stable")[:MAX_HOST_THREADS])  # thread order among the busiest
+    slot = np.full(len(tids), len(kept), dtype=np.int64)  # the shared lane's slot unless kept
+    slot[kept] = np.arange(len(kept))
+    lane_key = slot[codes] * 3 + level
+    present, lane = np.unique(lane_key, return_inverse=True)
+    more = len(tids) - len(kept)
+    names = [f"CPU thread {tids[kept[k // 3]]} · {_HOST_LEVELS[k % 3]}" if k // 3 < len(kept)
+             else f"CPU: {more:,} more threads · {_HOST_LEVELS[k % 3]}" for k in present]
+    return h[_ITEM_COLUMNS].assign(lane=lane), names, more
+
+
+def _gpu_lanes(streams_of: np.ndarray, device_of: np.ndarray, busy_us: np.ndarray, first: np.ndarray, pre: str
+               ) -> tuple[np.ndarray, list[str], int]:
+    """A lane code for each GPU item from its stream: streams with kernels first (in stream
+    order), then copy-only ones; past ``MAX_STREAMS`` the least busy share one lane."""
+    codes, streams = _ordered(streams_of)
+    busy = np.bincount(codes, weights=busy_us, minlength=len(streams))
+    dev = np.zeros(len(streams), dtype=np.int64)
+    dev[codes[::-1]] = device_of[::-1]  # the first item's device of each stream
+    kernel_stream = np.zeros(len(streams), dtype=bool)
+    kernel_stream[codes[first]] = True
+    kept = np.sort(np.argsort(-busy, kind="stable")[:MAX_STREAMS])
+    order = kept[np.lexsort((kept, ~kernel_stream[kept]))]  # kernel streams, then copy-only streams
+    slot = np.full(len(streams), len(order), dtype=np.int64)
+    slot[order] = np.arange(len(order))
+    present, lane = np.unique(slot[codes], return_inverse=True)
+    more = len(streams) - len(order)
+    names = [f"{pre}GPU {dev[order[s]]} stream {streams[order[s]]}" if s < len(order)
+             else f"{pre}GPU: {more:,} more streams" for s in present]
+    return lane, names, more
+
+
+def _pick_ranks(ranks: Sequence[RankResult], step: int) -> list[RankResult]:
+    """Of more than ``MAX_RANKS`` ranks, the half slowest and half fastest in ``step`` (the slow
+    rank and those that wait for it), in rank order."""
+    if len(ranks) <= MAX_RANKS:
+        return list(ranks)
+    times = []
+    for r in ranks:
+        s = r.trace.steps[r.trace.steps["step"] == step]
+        times.append(float((s["end"] - s["start"]).iloc[0]) if len(s) else -np.inf)
+    order = np.argsort(times, kind="stable")
+    pick = set(order[: MAX_RANKS // 2]) | set(order[-(MAX_RANKS - MAX_RANKS // 2):])
+    return [r for i, r in enumerate(ranks) if i in pick]
+
+
 def timeline(result: Result, ranks: Sequence[RankResult], max_items: int = 30000,
              claims_frame: pd.DataFrame | None = None) -> dict[str, Any]:
     """One step on the GPU timeline, as lanes of items, for the HTML timeline.
@@ -144,31 +238,43 @@ def timeline(result: Result, ranks: Sequence[RankResult], max_items: int = 30000
     Single rank: host threads (top-level and second-level ops, runtime calls per thread), one
     lane per GPU stream (kernels with their class, copies) and the GPU's idle stretches with
     their cause. Several ranks: one lane per rank's compute stream (the stream with most
-    non-collective kernel time), its busiest collective stream, and its idle stretches, each rank's step starting at 0 so the ranks line up.
+    non-collective kernel time), its busiest collective stream, and its idle stretches, each
+    rank's step starting at 0 so the ranks line up. A page shows at most ``MAX_HOST_THREADS``
+    threads and ``MAX_STREAMS`` streams with lanes of their own (the busiest; the rest share one
+    lane, ``threads_summarised`` and ``streams_summarised`` say how many) and ``MAX_RANKS`` ranks
+    (the slowest and fastest; ``ranks_left_out`` lists the others). Lanes are built for all
+    threads and streams at once, never one at a time.
 
     The step is the one of median GPU time (first rank's numbering). Times are µs from the
-    step's start (single rank: its first host event). Past ``max_items`` the shortest items are dropped (they are below a pixel at
-    any zoom that shows the whole step) but never one a finding claims; ``dropped`` counts them.
+    step's start (single rank: its first host event; ``gpu_start_us`` is where its GPU window
+    opens). Past ``max_items`` the shortest items are dropped (they are below a pixel at any zoom
+    that shows the whole step) but never one a finding claims nor a call that causes it;
+    ``dropped`` counts them.
 
-    Returns ``{"step", "rank", "window_us", "gpu_start_us" (where the step's GPU window opens), "lanes": [{"name", "kind"}], "items": columns
-    (lane, start, dur, name, cls, shapes, detail), "findings": {id: [item index]}, "dropped",
-    "total"}``; names and shapes are interned in ``strings`` (items hold codes)."""
+    Returns ``{"step", "rank", "ranks", "window_us", "gpu_start_us", "lanes": [{"name", "kind"}],
+    "items": columns (lane, start, dur, name, cls, shapes, detail), "findings": {id: [item index]}
+    (the items each finding claims), "causes": {id: [item index]} (host calls that cause what it
+    claims: an allocator finding's cudaMalloc/cudaFree), "dropped", "total", "threads_summarised",
+    "streams_summarised", "ranks_left_out"}``; names and shapes are interned in ``strings``
+    (items hold codes)."""
     c = claims(result, ranks) if claims_frame is None else claims_frame
     first = ranks[0]
     step = _pick_step(first.trace.steps)
     if step is None:
         return {}
     multi = len(ranks) > 1
+    shown = _pick_ranks(ranks, step) if multi else list(ranks)
     lanes: list[dict[str, str]] = []
     parts: list[pd.DataFrame] = []
+    threads_more = streams_more = 0
 
-    def add(lane: str, kind: str, df: pd.DataFrame) -> None:
+    def add(names: list[str], kind: str, df: pd.DataFrame) -> None:
         if len(df):
-            lanes.append({"name": lane, "kind": kind})
-            parts.append(df.assign(lane=len(lanes) - 1))
+            parts.append(df.assign(lane=df["lane"].to_numpy() + len(lanes)))
+            lanes.extend({"name": n, "kind": kind} for n in names)
 
     window, gpu_start = 0.0, 0.0
-    for r in ranks:
+    for r in shown:
         t = r.trace
         srow = t.steps[t.steps["step"] == step]
         if srow.empty:
@@ -191,7 +297,7 @@ def timeline(result: Result, ranks: Sequence[RankResult], max_items: int = 30000
         opn = t.ops["name"].astype(str).to_numpy() if len(t.ops) else np.array([], dtype=object)
 
         def gpu_items(df: pd.DataFrame, cls: Any, kind: str) -> pd.DataFrame:
-            op = df["op"].to_numpy()
+            op = df["op"].to_numpy() if "op" in df else np.full(len(df), -1)
             has = op >= 0
             shapes = np.where(has, shapes_of_op[np.where(has, op, 0)] if len(shapes_of_op) else "", "")
             detail = np.where(has, opn[np.where(has, op, 0)] if len(opn) else "", "")
@@ -199,51 +305,35 @@ def timeline(result: Result, ranks: Sequence[RankResult], max_items: int = 30000
                                  "name": df["name"].astype(str).to_numpy(), "cls": cls, "shapes": shapes,
                                  "detail": detail, "kind": kind, "rank": rk, "row": df.index.to_numpy()})
 
-        comm = (k["cls"] == "communication").to_numpy()
-        busy = k[~comm].groupby("stream")["dur"].sum().sort_values(ascending=False)
-        comm_busy = k[comm].groupby("stream")["dur"].sum().sort_values(ascending=False)
-        # several ranks: each rank's compute stream (most non-collective kernel time) and its
-        # busiest collective stream, so waits and overlap line up across ranks
-        streams = (list(dict.fromkeys([*busy.index[:1], *comm_busy.index[:1]])) if multi
-                   else sorted(set(k["stream"])))
-        if not multi:
-            pos = int(srow.index[0])  # events carry the step's position in ``steps``, not its number
-            ops = t.ops[t.ops["step"] == pos]
-            runtime = t.runtime[t.runtime["step"] == pos]
-            for tid in sorted(set(ops["tid"]).union(set(runtime["tid"]))):
-                mine = ops[ops["tid"] == tid]
-                for depth, label in ((0, "ops"), (1, "ops, level 2")):
-                    o = mine[mine["depth"] == depth]
-                    add(f"CPU thread {tid} · {label}", "host", pd.DataFrame({
-                        "start": o["ts"].to_numpy() - origin, "dur": o["dur"].to_numpy(),
-                        "name": o["name"].astype(str).to_numpy(), "cls": "cpu_op",
-                        "shapes": shapes_of_op[o.index.to_numpy()], "detail": "", "kind": "op", "rank": rk,
-                        "row": o.index.to_numpy()}))
-                rt = runtime[runtime["tid"] == tid]
-                add(f"CPU thread {tid} · runtime", "host", pd.DataFrame({
-                    "start": rt["ts"].to_numpy() - origin, "dur": rt["dur"].to_numpy(),
-                    "name": rt["name"].astype(str).to_numpy(), "cls": "runtime", "shapes": "", "detail": "",
-                    "kind": "runtime", "rank": rk, "row": rt.index.to_numpy()}))
-        for s in streams:
-            ks = k[k["stream"] == s]
-            add(f"{pre}GPU {int(ks['device'].iloc[0])} stream {int(s)}", "gpu",
-                gpu_items(ks, ks["cls"].astype(str).to_numpy(), "kernel"))
-            if not multi:
-                m = inside(t.memcpys)
-                m = m[m["stream"] == s]
-                if len(m):
-                    parts[-1] = pd.concat([parts[-1], gpu_items(m, "memcpy", "memcpy").assign(lane=len(lanes) - 1)])
-        if not multi:
-            for s in sorted(set(inside(t.memcpys)["stream"]) - set(streams)):
-                m = inside(t.memcpys)
-                m = m[m["stream"] == s]
-                add(f"{pre}GPU {int(m['device'].iloc[0])} stream {int(s)}", "gpu", gpu_items(m, "memcpy", "memcpy"))
+        if multi:
+            comm = (k["cls"] == "communication").to_numpy()
+            busy = k[~comm].groupby("stream")["dur"].sum().sort_values(ascending=False)
+            comm_busy = k[comm].groupby("stream")["dur"].sum().sort_values(ascending=False)
+            # each rank's compute stream (most non-collective kernel time) and its busiest
+            # collective stream, so waits and overlap line up across ranks
+            streams = list(dict.fromkeys([*busy.index[:1], *comm_busy.index[:1]]))
+            for s in streams:
+                ks = k[k["stream"] == s]
+                add([f"{pre}GPU {int(ks['device'].iloc[0])} stream {int(s)}"], "gpu",
+                    gpu_items(ks, ks["cls"].astype(str).to_numpy(), "kernel").assign(lane=0))
+        else:
+            host, names, threads_more = _host_lanes(t, int(srow.index[0]), origin, shapes_of_op, rk)
+            add(names, "host", host)  # events carry the step's position in ``steps``, not its number
+            m = inside(t.memcpys)
+            g_items = pd.concat([gpu_items(k, k["cls"].astype(str).to_numpy(), "kernel"),
+                                 gpu_items(m, "memcpy", "memcpy")], ignore_index=True)
+            if len(g_items):
+                lane, names, streams_more = _gpu_lanes(
+                    np.r_[k["stream"].to_numpy(), m["stream"].to_numpy()],
+                    np.r_[k["device"].to_numpy(), m["device"].to_numpy()].astype(np.int64),
+                    g_items["dur"].to_numpy(dtype=float), np.arange(len(g_items)) < len(k), pre)
+                add(names, "gpu", g_items.assign(lane=lane))
         g = classify_gaps(r.trace)
         g = g[g["step"] == step]
-        add(f"{pre}GPU idle", "idle", pd.DataFrame({
+        add([f"{pre}GPU idle"], "idle", pd.DataFrame({
             "start": g["start"].to_numpy() - origin, "dur": g["dur"].to_numpy(),
             "name": "idle (" + g["cause"].astype(str) + ")", "cls": "idle", "shapes": "", "detail": "",
-            "kind": "gap", "rank": rk, "row": g.index.to_numpy()}))
+            "kind": "gap", "rank": rk, "row": g.index.to_numpy(), "lane": 0}))
     if not parts:
         return {}
     items = pd.concat(parts, ignore_index=True)
@@ -254,16 +344,22 @@ def timeline(result: Result, ranks: Sequence[RankResult], max_items: int = 30000
     key_claims = (cl["kind"].astype(str) + ":" + cl["rank"].astype(str) + ":" + cl["row"].astype(str)
                   if len(cl) else pd.Series([], dtype=object))
     claimed = key_items.isin(set(key_claims)).to_numpy()
+    # An allocator finding claims the idle its calls leave; the calls themselves are what to see.
+    alloc_ids = [f.id for f in result.findings if f.category == "allocator_churn"]
+    causing = ((items["kind"] == "runtime").to_numpy() & items["name"].isin(ALLOCATOR_CALLS).to_numpy()
+               if alloc_ids else np.zeros(len(items), dtype=bool))
     total = len(items)
     keep = np.ones(total, dtype=bool)
     if total > max_items:
-        budget = max(max_items - int(claimed.sum()), 0)
-        rest = np.flatnonzero(~claimed)
+        protected = claimed | causing
+        budget = max(max_items - int(protected.sum()), 0)
+        rest = np.flatnonzero(~protected)
         longest = rest[np.argsort(-items["dur"].to_numpy()[rest], kind="stable")[:budget]]
-        keep = claimed.copy()
+        keep = protected.copy()
         keep[longest] = True
     items = items[keep].reset_index(drop=True)
     key_items = key_items[keep].reset_index(drop=True)
+    causing = causing[keep]
     where = pd.Series(np.arange(len(items)), index=key_items.to_numpy())
     findings: dict[str, list[int]] = {}
     if len(cl):
@@ -271,6 +367,11 @@ def timeline(result: Result, ranks: Sequence[RankResult], max_items: int = 30000
         for fid in pd.unique(keyed["finding"]):
             hit = where.reindex(keyed.loc[keyed["finding"] == fid, "key"].to_numpy()).dropna()
             findings[str(fid)] = [int(x) for x in hit.to_numpy()]
+    by_rank = {f.id: {int(x) for x in c.loc[c["finding"] == f.id, "rank"]} for f in result.findings
+               if f.id in alloc_ids} if len(c) else {}
+    causes = {fid: [int(i) for i in np.flatnonzero(causing & items["rank"].isin(by_rank.get(fid, set())).to_numpy())]
+              for fid in alloc_ids}
+    causes = {fid: rows for fid, rows in causes.items() if rows}
     strings: dict[str, int] = {}
 
     def intern(col: pd.Series) -> list[int]:
@@ -278,14 +379,18 @@ def timeline(result: Result, ranks: Sequence[RankResult], max_items: int = 30000
         remap = np.array([strings.setdefault(u, len(strings)) for u in uniq], dtype=np.int64)
         return [int(x) for x in remap[codes]] if len(codes) else []
 
+    shown_ranks = [r.trace.meta.rank for r in shown]
     return {
-        "step": step, "rank": first.trace.meta.rank, "ranks": [r.trace.meta.rank for r in ranks],
-        "window_us": window, "gpu_start_us": gpu_start, "lanes": lanes, "total": total, "dropped": int(total - len(items)),
+        "step": step, "rank": first.trace.meta.rank, "ranks": shown_ranks,
+        "ranks_left_out": [r.trace.meta.rank for r in ranks if r.trace.meta.rank not in set(shown_ranks)],
+        "window_us": window, "gpu_start_us": gpu_start, "lanes": lanes, "total": total,
+        "dropped": int(total - len(items)), "threads_summarised": int(threads_more),
+        "streams_summarised": int(streams_more),
         "items": {"lane": [int(x) for x in items["lane"]], "start": [round(float(x), 3) for x in items["start"]],
                   "dur": [round(float(x), 3) for x in items["dur"]], "name": intern(items["name"]),
                   "cls": [str(x) for x in items["cls"]], "shapes": intern(items["shapes"]),
                   "detail": intern(items["detail"])},
-        "strings": list(strings), "findings": findings,
+        "strings": list(strings), "findings": findings, "causes": causes,
     }
 
 
@@ -384,21 +489,32 @@ def operators(ranks: Sequence[RankResult], top: int | None = 2000) -> pd.DataFra
 
 def memory(ranks: Sequence[RankResult], max_points: int = 4000, top: int = 15) -> dict[str, Any]:
     """GPU memory over the profiled steps from ``profile_memory=True`` events (the first rank
-    that has them): allocated and reserved bytes after each event (µs from the first step's
-    start, down-sampled to about ``max_points`` with the peak always kept), the peak and the
-    step it fell in, and the ops whose allocations add up to most (the innermost CPU op on the
-    allocating thread when it ran: bytes, count, largest one). Empty when no rank has them."""
+    that has them, its GPU with most events): allocated and reserved bytes after each event (µs
+    from the first step's start, down-sampled to about ``max_points`` with the peak always kept),
+    the peak and the step it fell in, and the ops whose allocations add up to most (the innermost
+    CPU op on the allocating thread when it ran: bytes, count, largest one). Empty when no rank
+    has them.
+
+    torch 1.9 and older record each allocation's bytes but no totals: ``allocated`` is then the
+    running sum of the bytes allocated and freed since the trace began (``relative``: True, what
+    the trace held before its first event unknown) and ``reserved`` None."""
     for r in ranks:
         t = r.trace
-        m = t.memory
-        m = m[(m["device_type"].to_numpy() == 1) & (m["step"].to_numpy() >= 0)]
-        if m.empty:
+        every = t.memory[t.memory["device_type"].to_numpy() == 1]
+        if every.empty or not (every["step"].to_numpy() >= 0).any():
             continue
-        m = m.sort_values("ts", kind="stable")
+        device = int(every.loc[every["step"] >= 0, "device"].value_counts().index[0])
+        every = every[every["device"].to_numpy() == device].sort_values("ts", kind="stable")
+        relative = bool(every["total_allocated"].isna().all())
+        if relative:  # no totals recorded: the running sum of what was allocated and freed
+            every = every.assign(total_allocated=every["bytes"].astype(float).cumsum())
+        m = every[every["step"].to_numpy() >= 0]
         t0 = float(t.steps["start"].min()) if len(t.steps) else 0.0
         t0 = min(t0, float(m["ts"].iloc[0]))
         alloc = m["total_allocated"].to_numpy(dtype=float)
-        peak_i = int(np.nanargmax(alloc))
+        reserved = m["total_reserved"].to_numpy(dtype=float)
+        known = np.isfinite(alloc)
+        peak_i = int(np.flatnonzero(known)[np.argmax(alloc[known])]) if known.any() else len(m) - 1
         stride = max(1, len(m) // max_points)
         keep = np.zeros(len(m), dtype=bool)
         keep[::stride] = True
@@ -411,14 +527,15 @@ def memory(ranks: Sequence[RankResult], max_points: int = 4000, top: int = 15) -
         by = (allocs.assign(op_name=names).groupby("op_name")["bytes"].agg(["sum", "size", "max"])
               .sort_values("sum", ascending=False).head(top))
         steps = t.steps.reset_index(drop=True)
+        has_reserved = bool(np.isfinite(reserved).any())
         return {
-            "rank": t.meta.rank, "device": int(m["device"].iloc[0]), "events": int(len(m)),
+            "rank": t.meta.rank, "device": device, "events": int(len(m)), "relative": relative,
             "t_ms": [round((float(x) - t0) / 1000.0, 4) for x in m["ts"].to_numpy()[keep]],
             "allocated": [float(x) for x in alloc[keep]],
-            "reserved": [float(x) for x in m["total_reserved"].to_numpy(dtype=float)[keep]],
+            "reserved": [float(x) for x in reserved[keep]] if has_reserved else None,
             "peak_bytes": float(alloc[peak_i]), "peak_t_ms": (float(m["ts"].iloc[peak_i]) - t0) / 1000.0,
             "peak_step": int(steps["step"].iloc[int(m["step"].iloc[peak_i])]),
-            "reserved_peak_bytes": float(np.nanmax(m["total_reserved"].to_numpy(dtype=float))),
+            "reserved_peak_bytes": float(np.nanmax(reserved)) if has_reserved else None,
             "steps": [{"step": int(s), "start_ms": (float(a) - t0) / 1000.0, "end_ms": (float(b) - t0) / 1000.0}
                       for s, a, b in zip(steps["step"], steps["start"], steps["end"])],
             "top_ops": [{"op": str(name), "bytes": float(row["sum"]), "count": int(row["size"]),

@@ -26,6 +26,9 @@ import msgspec
 import numpy as np
 
 CATEGORY = "gpuprof"
+#: The name of a kernel span outside the profiled steps (warm-up, the profiler's flush), which
+#: gpuprof does not analyse: never "unknown", which names a kernel without a cost model.
+OUTSIDE = "outside steps"
 _CLASS_TID = 1  # roofline-class tracks are tids 1..; findings' tracks start at _FINDING_TID
 _FINDING_TID = 1000
 
@@ -76,7 +79,12 @@ def annotation_events(rank: dict[str, Any], origin: float, pid: int) -> list[dic
         sel = k[(k["device"] == dev) & (k["stream"] == stream)]
         ts, dur = _r(sel["ts"].to_numpy() + origin), _r(sel["dur"].to_numpy())
         pct, tf, gb = (sel[c].to_numpy(dtype=float) for c in ("roofline_pct", "achieved_tflops", "achieved_gbps"))
+        inside = sel["step"].to_numpy() >= 0 if "step" in sel else np.ones(len(sel), dtype=bool)
         for j, cls in enumerate(sel["cls"].astype(str).to_numpy()):
+            if not inside[j]:  # before the first step or after the last: not analysed, not "unknown"
+                out.append({"ph": "X", "cat": CATEGORY, "name": OUTSIDE, "pid": pid, "tid": tid, "ts": ts[j],
+                            "dur": dur[j], "args": {"why": "outside the profiled steps: gpuprof analyses the steps"}})
+                continue
             args: dict[str, Any] = {"bound": cls}
             for key, v in (("roofline_pct", pct[j]), ("achieved_tflops", tf[j]), ("achieved_gbps", gb[j])):
                 if np.isfinite(v):
@@ -114,16 +122,22 @@ def annotated_bytes(rank: dict[str, Any], gzipped: bool) -> tuple[bytes, int]:
     from gpuprof.trace.load import read_bytes
 
     data = read_bytes(Path(rank["path"]))
-    top = msgspec.json.decode(data, type=_Top)
-    doc = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
-    origin = origin_us(int(rank["t0_epoch_ns"]), top.baseTimeNanoseconds
-                       if isinstance(top.baseTimeNanoseconds, int) else None)
-    added = annotation_events(rank, origin, _pid(top.traceEvents))
     enc = msgspec.json.Encoder()
-    events = b"[" + b",".join([*top.traceEvents, *(enc.encode(e) for e in added)]) + b"]"
-    doc["traceEvents"] = msgspec.Raw(events)
-    body = enc.encode(doc)
-    del data, top, events
+    if data.lstrip()[:1] == b"[":  # a bare array of events (torch 1.8, Jan 2021): it stays one
+        raw = msgspec.json.decode(data, type=list[msgspec.Raw])
+        added = annotation_events(rank, origin_us(int(rank["t0_epoch_ns"]), None), _pid(raw))
+        body = b"[" + b",".join([*raw, *(enc.encode(e) for e in added)]) + b"]"
+        del data, raw
+    else:
+        top = msgspec.json.decode(data, type=_Top)
+        doc = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
+        origin = origin_us(int(rank["t0_epoch_ns"]), top.baseTimeNanoseconds
+                           if isinstance(top.baseTimeNanoseconds, int) else None)
+        added = annotation_events(rank, origin, _pid(top.traceEvents))
+        events = b"[" + b",".join([*top.traceEvents, *(enc.encode(e) for e in added)]) + b"]"
+        doc["traceEvents"] = msgspec.Raw(events)
+        body = enc.encode(doc)
+        del data, top, events
     if gzipped:
         sink = io.BytesIO()
         with gzip.GzipFile(fileobj=sink, mode="wb", compresslevel=6, mtime=0) as z:

@@ -44,9 +44,12 @@ def _breakdown_figure(per_step: list[dict[str, Any]]) -> dict[str, Any]:
     traces = [{"type": "bar", "orientation": "h", "name": c, "y": names, "x": [p.get(c, 0.0) for p in per_step],
                "marker": {"color": color}, "hovertemplate": f"{c}: %{{x:.2f}} ms<extra></extra>"}
               for c, color in CLASS_COLORS.items()]
-    return {"data": traces, "layout": {"barmode": "stack", "height": 120 + 28 * len(names),
-                                       "xaxis": {"title": {"text": "ms"}}, "margin": {"l": 140, "r": 20, "t": 10, "b": 40},
-                                       "legend": {"orientation": "h"}}}
+    # the legend above the bars: below them plotly lays it over the x axis's title
+    return {"data": traces, "layout": {"barmode": "stack", "height": 150 + 28 * len(names),
+                                       "xaxis": {"title": {"text": "ms"}, "automargin": True},
+                                       "yaxis": {"automargin": True},
+                                       "margin": {"l": 140, "r": 20, "t": 40, "b": 50},
+                                       "legend": {"orientation": "h", "x": 0, "y": 1.02, "yanchor": "bottom"}}}
 
 
 def _roofline_figure(kernels: list[dict[str, Any]], roofs: dict[str, Any]) -> dict[str, Any]:
@@ -146,7 +149,7 @@ from gpuprof.reports.text import projection_line  # noqa: E402  (the one wording
 def render_html(doc: dict[str, Any], detail: dict[str, Any]) -> str:
     import plotly.offline
 
-    from gpuprof.reports.names import short_name
+    from gpuprof.reports.names import op_label, short_name
 
     summary = doc["summary"]
     step = summary.get("unprofiled_step_time_ms") or summary["step_time_ms"]
@@ -170,17 +173,59 @@ def render_html(doc: dict[str, Any], detail: dict[str, Any]) -> str:
     mem = _memory_figure(detail.get("memory") or {})
     if mem:
         charts["memory"] = mem
-    operators = [{**o, "short": short_name(str(o["name"]), 64)} for o in detail.get("operators") or []]
+    operators = [{**o, "short": op_label(str(o["name"]), 64)} for o in detail.get("operators") or []]
+    gaps = missing(doc, detail)
+    if gaps["roofline"]:
+        charts.pop("roofline")
     return _ENV.get_template("report.html.j2").render(
         doc=doc, s=summary, step_ms=step, findings=findings, kernels=kernels, subject=subject(doc),
         more_kernels=max(0, len(doc["kernels"]) - 300), nvml=[{"id": f"nvml{i}", "title": n["title"]} for i, n in
                                                               enumerate(nvml)],
         run=detail.get("run") or {}, charts_json=script_json(charts), claims_json=script_json(claims),
         timeline=detail.get("timeline") or {}, claimed=set(claims), operators=operators,
-        memory=detail.get("memory") or {},
+        memory=detail.get("memory") or {}, missing=gaps, detail_steps=bool(detail["per_step"]),
         plotly_js=plotly.offline.get_plotlyjs(), classes=CLASS_COLORS,
-        projection=projection_line(summary, doc.get("findings", [])),
+        projection=projection_line(summary, doc.get("findings", []), len(doc["source"]["ranks"])),
     )
+
+
+def missing(doc: dict[str, Any], detail: dict[str, Any]) -> dict[str, str | None]:
+    """For each view the report has no data for, the sentence it shows instead (what is missing,
+    and how to record it); None where the view has its data. No view is ever an empty chart."""
+    s, gpu = doc["summary"], doc["gpu"]
+    gpu_work = bool(doc["kernels"]) or (s.get("gpu_busy_pct") or 0) > 0
+    record = ("record with `torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], "
+              "record_shapes=True)`")
+    out: dict[str, str | None] = dict.fromkeys(("timeline", "breakdown", "roofline", "operators", "memory",
+                                                "kernels"))
+    if not doc["kernels"]:
+        out["kernels"] = ("No kernels in the profiled steps" + ("." if gpu_work else ": this trace has no GPU events; "
+                                                                 + record + " to trace the GPU too."))
+    if not (detail.get("timeline") or {}).get("lanes"):
+        out["timeline"] = ("No timeline: this trace has no GPU events (kernels or copies) to draw; " + record
+                           + " to trace the GPU too." if not gpu_work else
+                           "No timeline: no step of this trace has GPU time to draw.")
+    if not detail.get("per_step"):
+        out["breakdown"] = "No step has a time on the GPU timeline, so there is nothing to break down."
+    pts = [k for k in doc["kernels"] if k.get("flops") and k.get("bytes") and k.get("achieved_tflops")]
+    if gpu["spec"].get("hbm_gbps") is None:
+        out["roofline"] = (f"No roofline: gpuprof has no peaks for the GPU \u201c{gpu['name']}\u201d, so kernels "
+                           "are 'unknown' and there is no MFU. Name the part with `--gpu KEY` (e.g. "
+                           "`gpuprof report TRACE --gpu H100-SXM`; a key that is not exact lists the candidates), "
+                           "or measure this GPU with `gpuprof calibrate -o spec.json` and pass `--gpu-spec spec.json`.")
+    elif not pts:
+        out["roofline"] = ("No roofline points: no kernel has FLOPs and bytes, which come from the ops' recorded "
+                           "input shapes; " + record + "." if gpu_work else
+                           "No roofline points: this trace has no kernels; " + record + ".")
+    if not detail.get("operators"):
+        out["operators"] = ("No operators: the profiled steps have no CPU ops (a GPU-only trace, "
+                            "activities=[CUDA]); " + record + " to see them.")
+    if not detail.get("memory"):
+        nvml = (" The NVML memory series of this run is under GPU samples (NVML)." if detail.get("nvml_series")
+                else "")
+        out["memory"] = ("No GPU memory events in this trace: the allocator's events are recorded by "
+                         "`torch.profiler.profile(..., profile_memory=True)`." + nvml)
+    return out
 
 
 TIMELINE_COLORS = {**CLASS_COLORS, "cpu_op": "#4a5568", "runtime": "#38a169", "idle": "#cbd5e0"}
@@ -188,7 +233,8 @@ TIMELINE_COLORS = {**CLASS_COLORS, "cpu_op": "#4a5568", "runtime": "#38a169", "i
 
 def _timeline_figure(tl: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The step's lanes as horizontal bars, one trace per class (so the legend toggles classes),
-    and each finding's claimed items as the bars of the last, highlight trace."""
+    each finding's claimed items as the bars of the last, highlight trace, and the host calls that
+    cause them (``causes``) as the outlined bars of the one before it."""
     if not tl or not tl.get("lanes"):
         return {}, {}
     lanes = [_label(lane["name"], 60) for lane in tl["lanes"]]
@@ -205,20 +251,36 @@ def _timeline_figure(tl: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
                      "base": [start[i] / 1000 for i in idx], "x": [max(dur[i], 1e-3) / 1000 for i in idx],
                      "text": [texts[i] for i in idx], "hovertemplate": "%{text}<extra>" + c + "</extra>",
                      "textposition": "none", "marker": {"color": TIMELINE_COLORS.get(c, "#718096")}, "width": 0.7})
-    claims = {fid: {"y": [lanes[lane[i]] for i in rows], "base": [start[i] / 1000 for i in rows],
-                    "x": [max(dur[i], 1e-3) / 1000 for i in rows], "text": [texts[i] for i in rows]}
-              for fid, rows in tl["findings"].items()}
+
+    def bars(rows: list[int]) -> dict[str, Any]:
+        return {"y": [lanes[lane[i]] for i in rows], "base": [start[i] / 1000 for i in rows],
+                "x": [max(dur[i], 1e-3) / 1000 for i in rows], "text": [texts[i] for i in rows]}
+
+    causes = tl.get("causes") or {}
+    claims = {fid: {**bars(rows), "causes": bars(causes.get(fid, []))} for fid, rows in tl["findings"].items()}
+    # what causes a finding's claims (an allocator finding's cudaMalloc/cudaFree calls), outlined
+    data.append({"type": "bar", "orientation": "h", "name": "what causes it", "y": [], "base": [], "x": [],
+                 "text": [], "hovertemplate": "%{text}<extra>causes it</extra>", "textposition": "none", "width": 0.9,
+                 "marker": {"color": "rgba(26,32,44,0.15)", "line": {"color": "#1a202c", "width": 2}}})
     data.append({"type": "bar", "orientation": "h", "name": "selected finding", "y": [], "base": [], "x": [],
                  "text": [], "hovertemplate": "%{text}<extra>claimed</extra>", "textposition": "none", "width": 0.9,
                  "marker": {"color": "rgba(229,62,62,0.55)", "line": {"color": "#c53030", "width": 2}}})
     gpu0 = tl.get("gpu_start_us", 0.0) / 1000
-    layout = {"barmode": "overlay", "height": 140 + 34 * len(lanes), "bargap": 0.2,
-              "xaxis": {"title": {"text": "ms from the step's start"}, "zeroline": False},
+    end = tl.get("window_us", 0.0) / 1000
+    # The host may run far ahead of the GPU (70 % of the width on gpt_fp32): when its lead is over
+    # half the step's width the chart opens on the GPU's own window; the page offers both.
+    gpu_view = bool(end > 0 and gpu0 > 0.5 * end)
+    layout: dict[str, Any] = {"barmode": "overlay", "height": 160 + 34 * len(lanes), "bargap": 0.2,
+              "xaxis": {"title": {"text": "ms from the step's first host event"}, "zeroline": False,
+                        **({"range": [gpu0 - 0.02 * (end - gpu0), end + 0.02 * (end - gpu0)]} if gpu_view else {})},
               "yaxis": {"categoryorder": "array", "categoryarray": list(reversed(lanes)), "automargin": True},
-              "margin": {"l": 10, "r": 20, "t": 40, "b": 40}, "hovermode": "closest",
-              "legend": {"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom"},
+              "margin": {"l": 10, "r": 20, "t": 60, "b": 40}, "hovermode": "closest",
+              "legend": {"orientation": "h", "x": 0, "y": 1.02, "yanchor": "bottom"},
               "shapes": [{"type": "line", "x0": gpu0, "x1": gpu0, "yref": "paper", "y0": 0, "y1": 1,
                           "line": {"dash": "dot", "width": 1, "color": "#718096"}}] if gpu0 > 0 else []}
+    if len(tl.get("ranks") or []) > 1:
+        layout["xaxis"]["title"] = {"text": "ms from each rank's step start"}
+    layout["meta"] = {"gpu_window": [gpu0, end], "opens_on_gpu_window": gpu_view}
     return {"data": data, "layout": layout}, claims
 
 
@@ -228,10 +290,11 @@ def _memory_figure(m: dict[str, Any]) -> dict[str, Any]:
     gb = 1e9
     data = [{"type": "scatter", "mode": "lines", "name": "allocated", "x": m["t_ms"],
              "y": [v / gb for v in m["allocated"]], "line": {"shape": "hv", "color": "#2b6cb0"},
-             "hovertemplate": "%{y:.3f} GB allocated at %{x:.2f} ms<extra></extra>"},
-            {"type": "scatter", "mode": "lines", "name": "reserved", "x": m["t_ms"],
-             "y": [v / gb for v in m["reserved"]], "line": {"shape": "hv", "color": "#a0aec0", "dash": "dot"},
-             "hovertemplate": "%{y:.3f} GB reserved at %{x:.2f} ms<extra></extra>"}]
+             "hovertemplate": "%{y:.3f} GB allocated at %{x:.2f} ms<extra></extra>"}]
+    if m.get("reserved") is not None:
+        data.append({"type": "scatter", "mode": "lines", "name": "reserved", "x": m["t_ms"],
+                     "y": [v / gb for v in m["reserved"]], "line": {"shape": "hv", "color": "#a0aec0", "dash": "dot"},
+                     "hovertemplate": "%{y:.3f} GB reserved at %{x:.2f} ms<extra></extra>"})
     shapes = [{"type": "rect", "xref": "x", "yref": "paper", "x0": s["start_ms"], "x1": s["end_ms"], "y0": 0, "y1": 1,
                "fillcolor": "#edf2f7" if i % 2 else "#f7fafc", "line": {"width": 0}, "layer": "below"}
               for i, s in enumerate(m["steps"])]
@@ -239,5 +302,7 @@ def _memory_figure(m: dict[str, Any]) -> dict[str, Any]:
               "showarrow": True, "arrowhead": 2}]
     return {"data": data, "layout": {"height": 320, "shapes": shapes, "annotations": notes,
                                      "xaxis": {"title": {"text": "ms from the first profiled step"}},
-                                     "yaxis": {"title": {"text": "GB"}, "rangemode": "tozero"},
+                                     "yaxis": {"title": {"text": "GB since the trace began" if m.get("relative")
+                                                         else "GB"}, **({} if m.get("relative") else
+                                                                        {"rangemode": "tozero"})},
                                      "margin": {"l": 60, "r": 20, "t": 10, "b": 40}, "legend": {"orientation": "h"}}}

@@ -75,3 +75,10 @@ def short_name(name: str, width: int = SHORT) -> str:
     if len(s) > width:
         s = s[: width - 1] + "…"
     return s
+
+
+def op_label(name: str, width: int = SHORT) -> str:
+    """An operator's name for a table: as the trace spells it, namespace kept (``aten::detach``
+    and the ``detach`` it calls are two ops, and two rows), cut with '…' past ``width``."""
+    s = name.strip()
+    return s if len(s) <= width else s[: max(1, width - 1)] + "…"

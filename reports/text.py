@@ -108,35 +108,75 @@ def step_bars(per_step: list[dict[str, Any]], width: int, color: bool = False, m
     return out + [line.rstrip()]
 
 
-def _operator_lines(ops: list[dict[str, Any]], steps: int, width: int) -> list[str]:
-    from gpuprof.reports.names import short_name
+def _operator_lines(ops: list[dict[str, Any]], width: int) -> list[str]:
+    from gpuprof.reports.names import op_label
 
     head = f"  {'GPU ms':>8} {'host ms':>8} {'count':>6}  "
     room = max(12, width - len(head))
     out = [head + "operator"]
     for o in ops:
-        n = max(steps, 1)
-        out.append(f"  {(o.get('gpu_us') or 0) / 1000 / n:8.3f} {(o.get('host_self_us') or o.get('host_us') or 0) / 1000 / n:8.3f} "
-                   f"{o['count']:6d}  {_safe(short_name(str(o['name']), room))}")
+        host = o.get("host_self_ms_per_step")
+        host = o.get("host_ms_per_step") if host is None else host  # annotations: no self time
+        out.append(f"  {o.get('gpu_ms_per_step') or 0:8.3f} {host or 0:8.3f} "
+                   f"{o['count']:6d}  {_safe(op_label(str(o['name']), room))}")
     return out
 
 
-def projection_line(s: dict[str, Any], findings: list[dict[str, Any]]) -> str | None:
-    """"apply fixes 1–3: 40.2 → 26.5 ms per step (1.5×)": the replayed step time with the
-    high- and medium-confidence fixes applied together (numbered as listed), or None."""
-    after, before = s.get("projected_step_time_ms"), s.get("projected_from_ms")
-    ids = s.get("projected_findings") or []
-    pos = [i for i, f in enumerate(findings, 1) if f.get("id") in ids]
-    if not after or not before or not pos:
-        return None
+#: Categories whose fix a rank's own replay cannot price (it cannot see when the other ranks
+#: arrive): with one rank traced they stay out of the projection (gpuprof.replay.fixes.CROSS_RANK).
+CROSS_RANK = ("exposed_communication", "rank_imbalance")
+
+#: How close the projection's baseline must be to the step the report shows (the unprofiled one,
+#: else the traced one) to go unexplained.
+BASELINE_TOLERANCE = 0.02
+
+
+def _numbers(pos: list[int]) -> str:
+    """Finding numbers with consecutive ones as ranges: 1–3, 5."""
     runs: list[str] = []
-    for p in pos:  # consecutive numbers as ranges: 1–3, 5
+    for p in pos:
         if runs and runs[-1].split("–")[-1] == str(p - 1):
             runs[-1] = runs[-1].split("–")[0] + f"–{p}"
         else:
             runs.append(str(p))
+    return ", ".join(runs)
+
+
+def projection_line(s: dict[str, Any], findings: list[dict[str, Any]], ranks: int = 1) -> str | None:
+    """"apply fixes 1–3: 40.2 → 26.5 ms per step (1.5×, replayed)": the replayed step time with
+    the high- and medium-confidence fixes applied together (numbered as listed); then which fixes
+    it leaves out and why (low confidence; cross-rank, on one rank's trace; not replayable), and
+    its baseline where that is not the step the report shows (the traced step replayed with the
+    profiler's host cost taken out). When nothing is projected but fixes save time, why not; None
+    when there is nothing to say."""
+    after, before = s.get("projected_step_time_ms"), s.get("projected_from_ms")
+    ids = s.get("projected_findings") or []
+    pos = [i for i, f in enumerate(findings, 1) if f.get("id") in ids]
+    out_why: dict[str, list[int]] = {}
+    for i, f in enumerate(findings, 1):
+        if f.get("id") in ids or not (f.get("estimated_savings_ms") or 0) > 0:
+            continue
+        if f.get("confidence") == "low":
+            why = "low confidence: host time measured under the profiler"
+        elif f.get("category") in CROSS_RANK and ranks == 1:
+            why = "cross-rank: one rank's replay cannot see when the others arrive"
+        else:
+            why = "not replayable with the others"
+        out_why.setdefault(why, []).append(i)
+    left = "; ".join(f"{'fix' if len(n) == 1 else 'fixes'} {_numbers(n)} ({why})" for why, n in out_why.items())
+    if not after or not before or not pos:
+        return f"no fixes projected together: {left}" if left else None
     word = "fix" if len(pos) == 1 else "fixes"
-    return f"apply {word} {', '.join(runs)}: {before:.1f} → {after:.1f} ms per step ({before / after:.1f}×, replayed)"
+    line = f"apply {word} {_numbers(pos)}: {before:.1f} → {after:.1f} ms per step ({before / after:.1f}×, replayed)"
+    shown = s.get("unprofiled_step_time_ms") or s.get("step_time_ms")
+    if shown and abs(before - shown) > BASELINE_TOLERANCE * shown:
+        if s.get("unprofiled_step_time_ms"):
+            line += (f"; from {before:.1f} ms, the trace replayed with its host calibrated to the step without "
+                     f"the profiler ({shown:.1f} ms measured)")
+        else:
+            line += (f"; from {before:.1f} ms, the traced step ({shown:.1f} ms) replayed with the profiler's "
+                     "estimated host cost taken out")
+    return line + (f"; leaves out {left}" if left else "")
 
 
 def render_text(doc: dict[str, Any], color: bool = False, top: int = 10, width: int | None = None,
@@ -167,9 +207,9 @@ def render_text(doc: dict[str, Any], color: bool = False, top: int = 10, width: 
              f"GPU busy {_num(s['gpu_busy_pct'], '{:.1f}%')}"]
     lines += _wrap("   ".join(x.replace(" ", "\u00a0") for x in facts), w, "", "")
     lines += [_step_line(s, bold), mfu]
-    proj = projection_line(s, doc.get("findings", []))
+    proj = projection_line(s, doc.get("findings", []), len(src["ranks"]))
     if proj:
-        lines.append(proj)
+        lines += _wrap(proj.replace(" ms", "\u00a0ms"), w, "", "  ")
     b = s["breakdown_pct"]
     parts = [f"{k} {v:.1f}%" for k, v in sorted(b.items(), key=lambda kv: -(kv[1] or 0)) if v and v >= 0.05]
     lines += _wrap("time: " + ", ".join(parts), w, "", "      ")
@@ -184,12 +224,14 @@ def render_text(doc: dict[str, Any], color: bool = False, top: int = 10, width: 
         lines += [dim(x) for x in _wrap(_safe(ranking), w, "  ", "  ")]
     findings = doc.get("findings", [])
     if not findings:
-        lines.append("  no findings" + (" (analyzers skipped: " + ", ".join(
-            _safe(x["analyzer"]) for x in doc.get("analyzers_skipped", [])) + ")" if doc.get("analyzers_skipped") else ""))
+        lines += _wrap("no findings" + (" (analyzers skipped: " + ", ".join(
+            _safe(x["analyzer"]) for x in doc.get("analyzers_skipped", [])) + ")" if doc.get("analyzers_skipped") else ""),
+            w, "  ", "    ")
     for i, f in enumerate(findings[:top], 1):
         saving = (f"saves ~{f['estimated_savings_ms']:.2f} ms/step ({f['estimated_savings_pct']:.1f}%)"
                   if f["estimated_savings_ms"] > 0 else "informational, no saving estimated")
-        head = f"{i}. [{f['severity']}, confidence {f['confidence']}] {_safe(f['title'])}  " + saving.replace(" ", "\u00a0")
+        head = (f"{i}. [severity {f['severity']}, confidence {f['confidence']}] {_safe(f['title'])}  "
+                + saving.replace(" ", "\u00a0"))
         lines += _wrap(head, w, "  ", "     ")
         lines += [dim(x) for x in _wrap(_safe(f["recommendation"]), w, "     fix: ", "          ")]
     if len(findings) > top:
@@ -213,7 +255,7 @@ def render_text(doc: dict[str, Any], color: bool = False, top: int = 10, width: 
     kw = w // 2 - 1 if side else w
     tail = _kernel_lines(doc, top, kw, bold, dim)
     if ops:
-        op_lines = [bold("Top operators") + " (per step; host = self time)"] + _operator_lines(ops, s["steps"], w - kw - 2
+        op_lines = [bold("Top operators") + " (per step; host = self time)"] + _operator_lines(ops, w - kw - 2
                                                                                             if side else w)
         if side:
             tail = [a + " " * max(0, kw - _visible(a)) + "  " + b
@@ -238,5 +280,6 @@ def _kernel_lines(doc: dict[str, Any], top: int, w: int, bold: Any, dim: Any) ->
         lines.append(f"  {_num(k.get('ms_per_step'), '{:8.3f}'):>8} {k['count']:6d} {k['bound']:>8} {roof:>6} "
                      f"{rate}{_safe(short_name(str(k['name']), room))}")
     if any(k.get("cost_model_error") for k in doc.get("kernels", [])[:top]):
-        lines.append(dim("  !: some instances ran above their roofline, a cost-model error left out of roof% (see note)"))
+        lines += [dim(x) for x in _wrap("!: some instances ran above their roofline, a cost-model error left out of "
+                                        "roof% (see note)", w, "  ", "     ")]
     return lines

@@ -70,7 +70,10 @@ def test_spans_sit_on_what_they_name(annotated: dict[str, Path], name: str) -> N
     kernels = {(round(e["ts"], 3), round(e["dur"], 3)) for e in ev if e.get("cat") == "kernel"}
     cls = [e for e in ours if e["tid"] < 1000]
     assert len(cls) == len(a.kernels) and all((e["ts"], e["dur"]) in kernels for e in cls)
-    assert {e["name"] for e in cls} <= {"compute", "memory", "latency", "unknown", "communication"}
+    assert {e["name"] for e in cls} <= {"compute", "memory", "latency", "unknown", "communication", "outside steps"}
+    # kernels before the first step or after the last are not analysed: said so, never "unknown"
+    outside = [e for e in cls if e["name"] == "outside steps"]
+    assert len(outside) == int((a.kernels["step"] < 0).sum()) and all("bound" not in e["args"] for e in outside)
     # each finding's spans: named by id and saving, and their counted µs are its saving
     steps = len(a.steps)
     for f in a.findings:

@@ -53,3 +53,31 @@ def test_diff_html_escapes_names(tmp_path: Path) -> None:
     hostile = gpuprof.analyze(hostile_trace(tmp_path)).to_dict()
     page = render_diff_html(compare(hostile, gpuprof.analyze(SAMPLES / "tiny_graph.json.gz").to_dict()))
     assert "<script>document.title" not in page and "&lt;/script&gt;&lt;script&gt;" in page
+
+
+def test_diff_says_a_side_is_host_bound_under_the_profiler() -> None:
+    """gpt_fp32 → gpt_bf16 as bare traces: bf16's traced 26.24 ms is its profiled host's (8.90 ms
+    without the profiler): the diff says so, and sets the projection (50.4 → 9.9 ms) beside it."""
+    d = compare(gpuprof.analyze(SAMPLES / "gpt_fp32.json.gz").to_dict(),
+                gpuprof.analyze(SAMPLES / "gpt_bf16.json.gz").to_dict())
+    assert d["before"]["host_bound"] is None and d["after"]["host_bound"]["idle_pct"] > 50
+    assert d["step"]["basis"] == "traced"
+    from gpuprof.reports.diff import render_diff_text
+
+    text = render_diff_text(d)
+    assert "after is host-bound under the profiler" in text and "--step-ms-after" in text
+    assert "projected (replayed) to take its step from 50.4 to 9.9 ms" in text
+    # given the unprofiled step times, neither side is host-bound by its trace and they lead
+    d = compare(gpuprof.analyze(SAMPLES / "gpt_fp32.json.gz", step_ms=step_ms("gpt_fp32")).to_dict(),
+                gpuprof.analyze(SAMPLES / "gpt_bf16.json.gz", step_ms=step_ms("gpt_bf16")).to_dict())
+    assert d["after"]["host_bound"] is None and d["step"]["basis"] == "without the profiler"
+    assert d["step"]["after"] == pytest.approx(step_ms("gpt_bf16"))
+    assert "step time (used)" in render_diff_text(d)
+
+
+def test_diff_of_run_folders_uses_their_unprofiled_step_times() -> None:
+    folder = SAMPLES / "run_gpt_bf16"
+    r = run(str(folder), str(folder), "--format", "json")
+    d = json.loads(r.stdout)
+    assert r.returncode == 0 and d["step"]["basis"] == "without the profiler"
+    assert d["step"]["before"] == d["before"]["unprofiled_step_time_ms"] < d["step_time_ms"]["before"]

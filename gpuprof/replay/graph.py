@@ -30,12 +30,15 @@ a transformation moves a node only as far as its other constraints allow.
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from gpuprof.errors import GpuprofError
 from gpuprof.trace.model import RankTrace
 from gpuprof.trace.names import REPLAY_COPY_CALLS, REPLAY_SYNC_CALLS
 
@@ -145,10 +148,29 @@ def _median_or(x: np.ndarray, fallback: float) -> float:
     return float(np.median(x)) if len(x) else fallback
 
 
+class ReplayError(GpuprofError):
+    """A trace whose dependency graph could not be built: the report goes on without a replay
+    (no replayed step time or projection; findings keep the time they claim), saying why."""
+
+
 def build(traces: Sequence[RankTrace]) -> Graph:
     """The dependency graph of one rank's trace (several traces: each one's graph side by side on
     one clock, not coupled; :func:`gpuprof.replay.build` joins the ranks of a job, collectives
-    matched across ranks)."""
+    matched across ranks). A trace the graph cannot be built from raises :class:`ReplayError`
+    naming what failed, never another exception: a replay is a figure on the report, and one that
+    cannot be made is a note on it, not the end of it."""
+    try:
+        return _build(traces)
+    except GpuprofError:
+        raise
+    except (ValueError, IndexError, KeyError, TypeError, ZeroDivisionError) as e:
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        raise ReplayError(f"the replay's dependency graph could not be built ({type(e).__name__} in "
+                          f"{Path(where.filename).name}:{where.lineno}: {e})",
+                          traces[0].meta.path if traces else None) from e
+
+
+def _build(traces: Sequence[RankTrace]) -> Graph:
     ranks = tuple(t.meta.rank for t in traces)
     t0 = np.array([t.meta.t0_epoch_ns for t in traces], dtype=np.int64)
     offset = ((t0 - t0.min()) / 1000.0).astype(float) if len(t0) else np.zeros(0)
@@ -227,7 +249,11 @@ def _waits(h: pd.DataFrame, a: pd.DataFrame, launch: np.ndarray) -> tuple[np.nda
     slow = np.flatnonzero((wait < 0) & (dur >= BLOCKED_FACTOR * np.maximum(median, 1e-3))
                           & ~is_sync)
     wait[slow] = _latest_done(h, a, launch, slow)
-    tail = np.where(wait >= 0, end - a_end[np.maximum(wait, 0)], 0.0)  # < 0: returned before its copy ended
+    # µs from the awaited activity's end to the call's return (< 0: returned before its copy
+    # ended); indexed only where a call waits, so a rank without GPU activities has none to index
+    tail = np.zeros(n)
+    waits = wait >= 0
+    tail[waits] = end[waits] - a_end[wait[waits]]
     # Own duration when not waiting: the median of the same call's non-waiting durations.
     own_dur = dur.copy()
     if (wait >= 0).any():
