@@ -55,8 +55,8 @@ def event_cost_us(r: TracedRank) -> tuple[float, float]:
     events = int((t.ops["step"] >= 0).sum() + (t.runtime["step"] >= 0).sum())
     per_step = events / n_steps
     step_us = float(r.summary.steps["time_us"].mean()) if len(r.summary.steps) else 0.0
-    real = r.unprofiled_step_ms
-    cost = max(0.0, step_us - real * 1000.0) / per_step if real and per_step else 0.0
+    unprofiled = r.unprofiled_step_ms
+    cost = max(0.0, step_us - unprofiled * 1000.0) / per_step if unprofiled and per_step else 0.0
     return cost, per_step
 
 

@@ -73,8 +73,8 @@ class RankView:
         k = pd.concat([t.kernels, r.roofline], axis=1)
         self.kernels = k[k["step"] >= 0] if (k["step"] >= 0).any() else k
         self.step_time_us = float(r.summary.steps["time_us"].mean()) if len(r.summary.steps) else 0.0
-        real = unprofiled_step_ms(r)
-        self.host_scale_known = real is not None
+        unprofiled = unprofiled_step_ms(r)
+        self.host_scale_known = unprofiled is not None
         host = pd.concat([t.ops.loc[t.ops["step"] >= 0, "ts"], t.runtime.loc[t.runtime["step"] >= 0, "ts"]])
         # The profiler's cost per recorded host event (µs): from the traced vs. the real step time,
         # or estimated from the trace's own op brackets when the real step is unknown.
@@ -82,13 +82,13 @@ class RankView:
         self.event_cost_us, self.event_cost_measured = profiler_cost_us(r)
         #: GPU busy time per step (kernels, copies) and the real step time (µs; the traced one when unknown)
         self.busy_us = self.step_time_us * (100.0 - r.summary.breakdown_pct["idle"]) / 100.0
-        self.real_step_us = real * 1000.0 if real else self.step_time_us
+        self.real_step_us = unprofiled * 1000.0 if unprofiled else self.step_time_us
         g = classify_gaps(t)
         starts = np.sort(host.to_numpy())
         n = np.searchsorted(starts, g["end"].to_numpy()) - np.searchsorted(starts, g["start"].to_numpy())
         real_dur = np.maximum(0.0, g["dur"].to_numpy() - self.event_cost_us * n)
-        if real:
-            budget = max(0.0, real * 1000.0 - self.busy_us) * self.n_steps
+        if unprofiled:
+            budget = max(0.0, unprofiled * 1000.0 - self.busy_us) * self.n_steps
             for cause in CAUSE_ORDER:
                 m = (g["cause"] == cause).to_numpy()
                 total = real_dur[m].sum()

@@ -57,9 +57,9 @@ def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:
 
 def _step_line(s: dict[str, Any], bold: Any) -> str:
     traced = _num(s["step_time_ms"], "{:.2f} ms")
-    real = s.get("unprofiled_step_time_ms")
-    if real:
-        return f"step time {bold(_num(real, '{:.2f} ms'))} without the profiler, {traced} traced"
+    unprofiled = s.get("unprofiled_step_time_ms")
+    if unprofiled:
+        return f"step time {bold(_num(unprofiled, '{:.2f} ms'))} without the profiler, {traced} traced"
     return f"step time {bold(traced)} traced (without the profiler: unknown)"
 
 

@@ -482,7 +482,7 @@ def host_free(g: Graph) -> Graph:
     return tf.shrink_host(g, np.ones(g.n_host, dtype=bool), 0.0)
 
 
-def plan(v: RankView, claims: Sequence[Claimed], real_step_ms: float | None) -> Plan | None:
+def plan(v: RankView, claims: Sequence[Claimed], unprofiled_step_ms: float | None) -> Plan | None:
     """The rank's deflated graph and each finding's kept units (the rank's claims after
     :func:`gpuprof.claims.claimed`); ``None`` when the rank has no graph to replay (no runtime
     calls or GPU work) or the replay fails. Cross-rank findings (``CROSS_RANK``) are left out: a
@@ -494,7 +494,7 @@ def plan(v: RankView, claims: Sequence[Claimed], real_step_ms: float | None) -> 
 
     try:
         raw = build([t])
-        hb = host_bounds(raw, real_step_ms, bracket_cost_us(t))
+        hb = host_bounds(raw, unprofiled_step_ms, bracket_cost_us(t))
         g = hb.apply(raw)
         free = None if hb.identified else host_free(raw)
     except GpuprofError:
@@ -512,7 +512,7 @@ def plan(v: RankView, claims: Sequence[Claimed], real_step_ms: float | None) -> 
         if c.priority_ms == 0.0 and len(u) < len(c.asked):
             alone.setdefault(c.id, {}).update(c.asked)
     regroups = {c.id: c.regroup for c in claims if c.id in units and c.regroup is not None}
-    p = Plan(g, v, units, cats, conf, 0.0, raw, free, hb.floor_us, bool(real_step_ms), alone=alone, regroups=regroups)
+    p = Plan(g, v, units, cats, conf, 0.0, raw, free, hb.floor_us, bool(unprofiled_step_ms), alone=alone, regroups=regroups)
     try:
         before = p.after_ms([])
     except GpuprofError:

@@ -65,30 +65,30 @@ def _smallest_cost(g: Graph, target_ms: float, measure: Callable[[Graph], float]
                    lambda a, b: b - a <= 1e-3 * b, early=not floor)
 
 
-def calibrate(g: Graph, real_step_ms: float, tol: float = 0.002, max_iter: int = 40) -> float:
+def calibrate(g: Graph, unprofiled_step_ms: float, tol: float = 0.002, max_iter: int = 40) -> float:
     """The profiler's cost per recorded host event (µs): the smallest that makes the replayed
     steady-state step (:attr:`Replayed.period_ms`, what the unprofiled timing measures and what
-    fixes are priced on) take the step time measured without the profiler (``real_step_ms``),
+    fixes are priced on) take the step time measured without the profiler (``unprofiled_step_ms``),
     found by bisection (the replayed step only falls as the cost grows); 0 when the traced replay
     is already no slower although the host holds it up.
 
     Only where the host held the real step up does the step time measure the host: when even a
-    host of no cost replays within ``HOST_SEEN`` of ``real_step_ms`` (the GPU sets the step), every
+    host of no cost replays within ``HOST_SEEN`` of ``unprofiled_step_ms`` (the GPU sets the step), every
     cost from the smallest up replays the measured step. This returns the largest cost per event
     in the trace there (the host taken out); one rank's fixes are priced between that and the
     host floor (:func:`host_bounds`); the cross-rank replay (``gpuprof.replay.job.job``) uses
     this figure."""
     top = _top_cost(g)
     floor = run(deflate(g, top)).period_ms
-    if floor >= real_step_ms * (1 - HOST_SEEN):
+    if floor >= unprofiled_step_ms * (1 - HOST_SEEN):
         return top
     base = run(g).period_ms
-    if not base > real_step_ms * (1 + tol):
+    if not base > unprofiled_step_ms * (1 + tol):
         return 0.0
     # bracket from the mean cost per event (it takes the host out on average)
     busy = np.maximum(g.h_gap, 0.0) + g.h_dur
     mean = float(busy.sum() / max(float(g.h_events.sum()), 1.0))
-    return _smallest_cost(g, real_step_ms, lambda x: run(x).period_ms, top, mean, tol, max_iter)
+    return _smallest_cost(g, unprofiled_step_ms, lambda x: run(x).period_ms, top, mean, tol, max_iter)
 
 
 def host_speed(g: Graph, s: float) -> Graph:
@@ -126,7 +126,7 @@ class HostBounds:
         return host_speed(deflate(g, self.floor_us) if self.floor_us > 0 else g, self.speed)
 
 
-def host_bounds(g: Graph, real_step_ms: float | None, bracket_us: float, tol: float = 0.002,
+def host_bounds(g: Graph, unprofiled_step_ms: float | None, bracket_us: float, tol: float = 0.002,
                 max_iter: int = 40) -> HostBounds:
     """The host floor of ``g`` (see :class:`HostBounds`), on the steady-state step
     (:func:`steady_ms`), from the trace's own evidence:
@@ -146,22 +146,22 @@ def host_bounds(g: Graph, real_step_ms: float | None, bracket_us: float, tol: fl
       at least ``bracket_us``. The larger is the floor: the real host is at least that fast, maybe
       faster;
     * no unprofiled step: ``bracket_us`` is the only evidence, a floor as above."""
-    if not real_step_ms:
+    if not unprofiled_step_ms:
         return HostBounds(bracket_us, False)
     top = _top_cost(g)
     free = steady_ms(deflate(g, top))
     busy = np.maximum(g.h_gap, 0.0) + g.h_dur
     mean = float(busy.sum() / max(float(g.h_events.sum()), 1.0))
-    if free < real_step_ms * (1 - HOST_SEEN):
-        if not steady_ms(g) > real_step_ms * (1 + tol):
+    if free < unprofiled_step_ms * (1 - HOST_SEEN):
+        if not steady_ms(g) > unprofiled_step_ms * (1 + tol):
             return HostBounds(0.0, True)
         base = deflate(g, bracket_us) if bracket_us > 0 else g
-        if steady_ms(base) <= real_step_ms * (1 + tol):
-            return HostBounds(_smallest_cost(g, real_step_ms, steady_ms, top, mean, tol, max_iter), True)
-        return HostBounds(bracket_us, True, largest_speed(base, real_step_ms, tol, max_iter))
+        if steady_ms(base) <= unprofiled_step_ms * (1 + tol):
+            return HostBounds(_smallest_cost(g, unprofiled_step_ms, steady_ms, top, mean, tol, max_iter), True)
+        return HostBounds(bracket_us, True, largest_speed(base, unprofiled_step_ms, tol, max_iter))
     # the host-free replay can read a little slower than the real step (the replay's own error):
     # the host kept up when it replays no slower than that
-    target = max(real_step_ms, free) * (1 + tol)
+    target = max(unprofiled_step_ms, free) * (1 + tol)
     kept_up = (0.0 if steady_ms(g) <= target
                else _smallest_cost(g, target, steady_ms, top, mean, tol, max_iter, floor=True))
     return HostBounds(max(kept_up, bracket_us), False)

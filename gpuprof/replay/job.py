@@ -357,37 +357,37 @@ def cross_fix(category: str, g: Graph, parts: Sequence[RankGraph]) -> Graph:
     raise ValueError(f"no cross-rank transformation for {category}")
 
 
-def fix_steps(parts: Sequence[RankGraph], real_step_ms: float | None, categories: Sequence[str],
+def fix_steps(parts: Sequence[RankGraph], unprofiled_step_ms: float | None, categories: Sequence[str],
               cost_us: float | None = None) -> dict[str, list[float]]:
     """Per cross-rank category, the job's replayed step (the slowest rank's, ms) before and after
-    its fix (:func:`cross_fix`) on the joined graph, deflated when ``real_step_ms`` is known (by
+    its fix (:func:`cross_fix`) on the joined graph, deflated when ``unprofiled_step_ms`` is known (by
     ``cost_us`` per recorded host event, :func:`job_cost`'s, found here when not given). Plain
     lists: the analysis files them in its results cache."""
-    g = job(parts, real_step_ms, cost_us)
+    g = job(parts, unprofiled_step_ms, cost_us)
     before = slowest_ms(g)
     return {c: [before, slowest_ms(cross_fix(c, g, parts))] for c in categories}
 
 
-def job_cost(parts: Sequence[RankGraph], real_step_ms: float | None) -> float:
-    """The profiler's cost per recorded host event that takes the joined job to ``real_step_ms``
+def job_cost(parts: Sequence[RankGraph], unprofiled_step_ms: float | None) -> float:
+    """The profiler's cost per recorded host event that takes the joined job to ``unprofiled_step_ms``
     (one cost for all ranks: :func:`gpuprof.replay.calibrate`); 0 without it. The search replays
     the coupled job a dozen times or more, so the pipeline finds it once per job and hands it to
     the cross-rank findings, the projection and ``what_if`` alike."""
     from gpuprof.replay.host import calibrate
 
-    return calibrate(join(parts), real_step_ms) if real_step_ms else 0.0
+    return calibrate(join(parts), unprofiled_step_ms) if unprofiled_step_ms else 0.0
 
 
-def job(parts: Sequence[RankGraph], real_step_ms: float | None, cost_us: float | None = None) -> Graph:
+def job(parts: Sequence[RankGraph], unprofiled_step_ms: float | None, cost_us: float | None = None) -> Graph:
     """The joined job graph, the profiler's host cost taken out when the unprofiled step time is
     known: ``cost_us`` per recorded host event (:func:`job_cost`, found here when not given)."""
     from gpuprof.replay.host import calibrate
     from gpuprof.replay.transforms import deflate
 
     g = join(parts)
-    if not real_step_ms:
+    if not unprofiled_step_ms:
         return g
-    return deflate(g, calibrate(g, real_step_ms) if cost_us is None else cost_us)
+    return deflate(g, calibrate(g, unprofiled_step_ms) if cost_us is None else cost_us)
 
 
 __all__ = ["COMM_OPS", "MAX_SHIFT", "SYNC_SLACK_US", "RankGraph", "build_job", "comm_in_steps", "comm_rows", "cross_fix",
