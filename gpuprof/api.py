@@ -191,7 +191,7 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
     result = pipeline.run(seq, unprofiled, gpu, gpu_spec, analyzers, cache, workers, dask, keep_traces, progress,
                           folder, manifest, as_ranks, drop_impossible=step_ms is None)
     notices = steptime.check(result.parts, unprofiled, given=step_ms is not None)
-    return Analysis.of(replace(result, notices=notices) if notices else result)
+    return Analysis.of(replace(result, notices=(*result.notices, *notices)) if notices else result)
 
 
 __all__ = ["Analysis", "GpuprofError", "RankResult", "analyze", "load_traces"]

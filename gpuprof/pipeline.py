@@ -33,7 +33,7 @@ from gpuprof.jobs import (Job, RankOutcome, graph_job, job_key, kept_ranks, load
                           slow_job)
 from gpuprof.parts import RankPart
 from gpuprof.rank import RankView
-from gpuprof.runfolder import find_traces, rank_samples, run_nvml
+from gpuprof.runfolder import list_traces, rank_samples, run_nvml
 from gpuprof.specs import resolve
 from gpuprof.steptime import impossible, without_unprofiled_step
 from gpuprof.trace.model import TraceMeta
@@ -46,7 +46,7 @@ def run(seq: list[str | Path], unprofiled_step_ms: float | None, gpu: str | None
     """Analyse the traces ``seq`` names (see :func:`gpuprof.api.analyze`) with the unprofiled step
     time settled (``unprofiled_step_ms``, or None when unknown; with ``drop_impossible``, None as
     well where the ranks' summaries show it impossible)."""
-    files = find_traces(seq)
+    files, skipped = list_traces(seq)
     run_folder = str(folder) if folder is not None and len(seq) == 1 else None
     jobs = [Job(str(Path(f).resolve()), i, cache, gpu, gpu_spec, unprofiled_step_ms) for i, f in enumerate(files)]
     keep = len(jobs) == 1 if keep_traces is None else keep_traces
@@ -67,7 +67,7 @@ def run(seq: list[str | Path], unprofiled_step_ms: float | None, gpu: str | None
                        drop_impossible=drop_impossible, keep_traces=keep)
     if not cache:  # loading again later (Analysis.ranks) must not look for the private cache
         out = replace(out, jobs=tuple(replace(j, cache=False, cache_root=None) for j in out.jobs))
-    return replace(out, folder=run_folder)
+    return replace(out, folder=run_folder, notices=(*skipped, *out.notices))
 
 
 def _analyse(ex: Executor, jobs: list[Job], gpu: str | None, gpu_spec: str | None, analyzers: Sequence[str] | None,

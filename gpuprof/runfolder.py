@@ -142,13 +142,46 @@ def run_manifest(folder: Path) -> tuple[dict[str, Any] | None, Path]:
     return redact_manifest(_check_manifest(doc, manifest)), manifest
 
 
+#: A file in a plain folder is read here, to tell a small JSON file that is not a trace (a config,
+#: metrics, a timing record beside a tensorboard log dir's traces) from a trace, only up to this
+#: size on disk; anything larger is a trace to the loader, which says what is wrong with it.
+SNIFF_MAX_BYTES = 1 << 20
+
+
+def _not_a_trace(p: Path) -> str | None:
+    """Why ``p``, a JSON file found in a plain folder, is no trace: a small file that parses as JSON
+    but holds neither a ``traceEvents`` list nor an event array. None when it may be one: it is
+    large, or unreadable, or not valid JSON (a damaged trace is an error, never skipped)."""
+    import msgspec
+
+    from gpuprof.files import read
+
+    try:
+        if p.stat().st_size > SNIFF_MAX_BYTES:
+            return None
+        doc = msgspec.json.decode(read(p, max_bytes=SNIFF_MAX_BYTES))
+    except (OSError, TraceError, msgspec.DecodeError, RecursionError):
+        return None
+    if isinstance(doc, list) or (isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list)):
+        return None
+    return "JSON without 'traceEvents'" if isinstance(doc, dict) else f"a JSON {type(doc).__name__}, not a trace"
+
+
 def find_traces(paths: Sequence[str | Path]) -> list[Path]:
-    """Trace files named by ``paths``: files as given; folders by manifest, else every trace file.
+    """Trace files named by ``paths`` (see :func:`list_traces`)."""
+    return list_traces(paths)[0]
+
+
+def list_traces(paths: Sequence[str | Path]) -> tuple[list[Path], list[str]]:
+    """Trace files named by ``paths``: files as given; folders by manifest, else every trace file;
+    and a line for each plain folder that holds JSON files that are no traces (see
+    :func:`_not_a_trace`), naming those, which are left out.
 
     Each file once: a trace is one rank, so a file named twice (listed twice in a manifest, given
     twice, or reached again through a link or a hard link) is refused in one line rather than
     reported as several ranks."""
     out: list[Path] = []
+    skipped: list[str] = []
     named: list[tuple[str, Path]] = []  # how each file was named, for the error: (label, where)
     for raw in paths:
         p = Path(raw)
@@ -175,12 +208,24 @@ def find_traces(paths: Sequence[str | Path]) -> list[Path]:
                          for i, (t, f) in enumerate(zip(doc["traces"], listed)))
             continue
         found = sorted(f for f in p.iterdir() if _is_trace_name(f))
+        why = {f: _not_a_trace(f) for f in found}
+        left = sorted((f.name, w) for f, w in why.items() if w)
+        found = [f for f in found if not why[f]]
         if not found:
-            raise TraceError("folder holds no trace files (*.json, *.json.gz)", str(p))
+            raise TraceError("folder holds no trace files (*.json, *.json.gz)"
+                             + (f"; not traces: {_listed(left)}" if left else ""), str(p))
+        if left:
+            skipped.append(f"{p}: left out {len(left)} file{'s' if len(left) > 1 else ''} that "
+                           f"{'are' if len(left) > 1 else 'is'} not a trace: {_listed(left)}")
         out.extend(found)
         named.extend((str(f), f) for f in found)
     _each_once(out, named)
-    return out
+    return out, skipped
+
+
+def _listed(left: list[tuple[str, str]], most: int = 5) -> str:
+    shown = ", ".join(f"{n!r} ({w})" for n, w in left[:most])
+    return shown + (f" and {len(left) - most} more" if len(left) > most else "")
 
 
 def _each_once(found: list[Path], named: list[tuple[str, Path]]) -> None:

@@ -104,3 +104,31 @@ def test_html_is_the_default_and_never_overwrites(tmp_path: Path) -> None:
         assert r.returncode == 0, r.stderr
         assert (tmp_path / expected).is_file() and f"wrote {expected}" in r.stderr
         assert "What to fix first" in r.stdout  # the terminal summary comes too
+
+
+def test_a_log_folder_reports_its_trace_and_names_the_json_that_is_not_one(tmp_path: Path) -> None:
+    """A tensorboard_trace_handler log dir: the trace beside small JSON files a run also writes
+    (issue 25). The trace is reported, the others named as left out; a damaged trace is never
+    left out; a folder of JSON files none of which is a trace is refused naming them."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "host.1234.pt.trace.json.gz").write_bytes((SAMPLES / "decode_b1.json.gz").read_bytes())
+    (logs / "config.json").write_text('{"lr": 0.001, "batch": 8}')
+    (logs / "metrics.json").write_text("[]")  # an empty event array is a (bare, torch 1.8) trace's shape
+    r = gpuprof("report", str(logs), "--format", "json", "-o", str(tmp_path / "r.json"))
+    assert r.returncode != 0 and "metrics.json" in r.stderr  # an empty event array is analysed, then refused
+    (logs / "metrics.json").unlink()
+    r = gpuprof("report", str(logs), "--format", "json", "-o", str(tmp_path / "r.json"))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["summary"]["steps"] == 8
+    assert [w for w in doc["warnings"] if "left out 1 file" in w and "'config.json'" in w]
+    (logs / "broken.json").write_text('{"traceEvents": [{"ph": "X"')  # a trace cut short: an error, not skipped
+    r = gpuprof("report", str(logs), "--format", "text")
+    assert r.returncode != 0 and "broken.json" in r.stderr and "Traceback" not in r.stderr
+    only = tmp_path / "only"
+    only.mkdir()
+    (only / "a.json").write_text('{"a": 1}')
+    r = gpuprof("report", str(only), "--format", "text")
+    assert r.returncode != 0 and "no trace files" in r.stderr and "'a.json'" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
