@@ -199,7 +199,7 @@ def _plan_imbalance(c: pd.DataFrame, parts: dict[int, RankPart], detail: SlowDet
     kernel_units = {r: u for r, u in kernel_units.items() if u}
     if not kernel_units:
         return {}
-    skew = c.groupby(["step", "i"])["wait"].max()  # per collective: how far apart the ranks arrived
+    skew = c.groupby("key")["wait"].max()  # per collective: how far apart the ranks arrived
     ev: dict[str, Any] = {"slow_rank": slow, "waiting_rank": waiting,
                           "collective_skew_ms": {"median": round(ms(float(skew.median())), 3),
                                                  "p95": round(ms(float(skew.quantile(0.95))), 3),

@@ -6,17 +6,10 @@ a matched collective's transfer starts when the last rank's kernel starts and la
 transfer time, so a slow rank's extra host time shows up as wait in the other ranks' kernels and
 as back-pressure on their hosts, and a transformation on one rank moves the others.
 
-**Matching** (:func:`match`): NCCL/RCCL kernels (``kernels.is_comm``) are keyed by process group
-and sequence number. Where a kernel carries the collective's ``Seq`` (Kineto since 2026; the
-``coll_seq`` column), the key is (group, collective or point-to-point, Seq): ProcessGroupNCCL
-numbers the two kinds apart. Otherwise the n-th collective of a
-group on a rank is matched with the n-th on the others, per group in the order they ran on their
-stream; the group is the ``Process Group Name``/``ID`` and the ``Collective name`` where the
-kernel has them, else the kernel's name on the rank's n-th communication stream (kernels launched
-before the profiler started carry no metadata). A rank's recorded sequence may start a few
-collectives earlier or later than another's (its window opened earlier): each rank's sequence is
-aligned to the longest one by the shift (``MAX_SHIFT`` either way) whose collectives agree in
-kind and message size, the nearest in time among equals. A key is coupled only where every rank
+**Matching** (:func:`match`): NCCL/RCCL kernels (``kernels.is_comm``) are keyed as the
+cross-rank findings key them (:func:`gpuprof.collectives.match_ids`: process group and sequence
+number where the kernel has them, else order within the group, aligned across ranks).
+A key is coupled only where every rank
 that has it ended after the last one arrived (what a synchronising collective does; a small
 broadcast's root may finish alone, NCCL's LL protocol buffers its send): a wrong match or a rank
 missing from the trace cannot make a collective end before the trace says it did.
@@ -45,16 +38,13 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
+from gpuprof.collectives import MAX_SHIFT, match_ids
 from gpuprof.replay.graph import Graph, build
 from gpuprof.replay.transforms import shrink_host, trim_host
 from gpuprof.trace.model import RankTrace
 
 #: Clock slack (µs) allowed between ranks' traces when deciding that a collective synchronised.
 SYNC_SLACK_US = 1.0
-#: How many collectives one rank's recorded sequence of a group may start before or after another's.
-MAX_SHIFT = 8
-#: ``Collective name`` values of point-to-point ops, which ProcessGroupNCCL numbers apart from collectives.
-P2P_NAMES = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv", "sendrecv"})
 
 
 def build_job(traces: Sequence[RankTrace]) -> Graph:
@@ -157,7 +147,7 @@ def join(parts: Sequence[RankGraph]) -> Graph:
 
 def comm_rows(g: Graph, t: RankTrace) -> pd.DataFrame:
     """One row per communication kernel of a one-rank graph: its activity index, stream, times
-    and the group, kind, size and sequence number it is matched by."""
+    and the group, kind, size, sequence number and profiled step (-1 outside them) it is matched by."""
     kernel = np.flatnonzero(g.a_kind == 0)
     k = t.kernels
     idx = kernel[k["is_comm"].to_numpy(dtype=bool)[g.a_row[kernel]]] if len(k) else kernel
@@ -174,7 +164,10 @@ def comm_rows(g: Graph, t: RankTrace) -> pd.DataFrame:
     seq = k["coll_seq"].to_numpy(dtype=float)[r] if "coll_seq" in k else np.full(len(r), np.nan)
     seq = np.where(seq >= 0, seq, np.nan)  # -1: none recorded
     nel = k["in_nelems"].to_numpy(dtype=float)[r] if "in_nelems" in k else np.full(len(r), np.nan)
-    return pd.DataFrame({"a": idx, "stream": g.a_stream[idx], "ts": g.a_ts[idx], "end": g.a_end[idx],
+    srow = g.a_step[idx]
+    numbers = t.steps["step"].to_numpy() if len(t.steps) else np.zeros(0, dtype=np.int64)
+    step = np.where(srow >= 0, numbers[np.clip(srow, 0, max(len(numbers) - 1, 0))] if len(numbers) else -1, -1)
+    return pd.DataFrame({"a": idx, "stream": g.a_stream[idx], "ts": g.a_ts[idx], "end": g.a_end[idx], "step": step,
                          "pg": col("process_group"), "coll": col("collective"), "name": col("name"),
                          "seq": seq, "nelems": np.nan_to_num(nel, nan=-1.0)})
 
@@ -183,25 +176,14 @@ def match(g: Graph, c: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Each activity's matched collective id across ranks (-1) and its duration for the replay
     (a coupled collective: its transfer time after the last arrival; see the module docstring),
     from the job's communication kernels ``c`` (:func:`comm_rows` of every rank, on the shared
-    clock, with ``rank_i``)."""
+    clock, with ``rank_i``), keyed as the cross-rank findings key them
+    (:func:`gpuprof.collectives.match_ids`)."""
     dur = g.a_dur.copy()
     coll = np.full(g.n_acts, -1, dtype=np.int64)
     if c.empty or c["rank_i"].nunique() < 2:
         return coll, dur
     c = c.sort_values(["rank_i", "stream", "ts"], kind="stable").reset_index(drop=True)
-    meta = c["pg"] != ""
-    # Without metadata: the rank's n-th communication stream (by first use) stands for the group.
-    first_use = c.groupby(["rank_i", "stream"])["ts"].transform("min")
-    nth = first_use.groupby(c["rank_i"]).rank(method="dense").astype(int).astype(str)
-    has_seq = meta & np.isfinite(c["seq"].to_numpy())
-    # ProcessGroupNCCL numbers collectives and point-to-point ops apart: one sequence each per group
-    p2p = c["coll"].str.lower().isin(P2P_NAMES).map({True: "/p2p", False: "/coll"})
-    c["group"] = np.where(has_seq, "pg:" + c["pg"] + p2p,
-                          np.where(meta, "pg:" + c["pg"] + "/" + c["coll"], "stream:" + nth + "/" + c["name"]))
-    c["ord"] = c.groupby(["rank_i", "group"]).cumcount().to_numpy()
-    c["ord"] = np.where(has_seq, c["seq"].to_numpy(), c["ord"] + _shifts(c[~has_seq]).reindex(c.index).fillna(0))
-    key = pd.MultiIndex.from_arrays([c["group"].to_numpy(), c["ord"].to_numpy()])
-    ids, _ = pd.factorize(key)
+    ids = match_ids(c)
     nranks = pd.Series(c["rank_i"].to_numpy()).groupby(ids).transform("nunique").to_numpy()
     last = pd.Series(c["ts"].to_numpy()).groupby(ids).transform("max").to_numpy()
     first_end = pd.Series(c["end"].to_numpy()).groupby(ids).transform("min").to_numpy()
@@ -211,36 +193,6 @@ def match(g: Graph, c: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     coll[a[ok]] = dense
     dur[a[ok]] = np.maximum(c["end"].to_numpy()[ok] - last[ok], 0.0)
     return coll, dur
-
-
-def _shifts(c: pd.DataFrame) -> pd.Series:
-    """Per row, the shift of its rank's sequence of its group onto the longest rank's: the one of
-    ``-MAX_SHIFT..MAX_SHIFT`` under which most collectives agree in kind and size, the nearest in
-    time among equals (the median start difference)."""
-    out = pd.Series(0, index=c.index, dtype=np.int64)
-    for _, grp in c.groupby("group", sort=False):  # groups are few
-        by_rank = dict(list(grp.groupby("rank_i")))
-        if len(by_rank) < 2:
-            continue
-        ref = max(by_rank.values(), key=len)
-        sig_ref = (ref["coll"] + "|" + ref["name"] + "|" + ref["nelems"].astype(str)).to_numpy()
-        ts_ref = ref["ts"].to_numpy()
-        for x in by_rank.values():
-            if x is ref:
-                continue
-            sig = (x["coll"] + "|" + x["name"] + "|" + x["nelems"].astype(str)).to_numpy()
-            ts = x["ts"].to_numpy()
-            best: tuple[float, float, int] = (-1.0, 0.0, 0)
-            for d in range(-MAX_SHIFT, MAX_SHIFT + 1):
-                lo, hi = max(0, -d), min(len(sig), len(sig_ref) - d)
-                if hi <= lo:
-                    continue
-                agree = float(np.mean(sig[lo:hi] == sig_ref[lo + d:hi + d]))
-                near = -float(np.median(np.abs(ts[lo:hi] - ts_ref[lo + d:hi + d])))
-                if (agree, near) > best[:2]:
-                    best = (agree, near, d)
-            out.loc[x.index] = best[2]
-    return out
 
 
 # --- cross-rank transformations ------------------------------------------------------------------
