@@ -561,3 +561,63 @@ def outermost_aten(ops: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
         cur[ok] = p[ok]
         active = ok
     return cur
+
+
+def pageable_copy_syncs(t: RankTrace, copies: np.ndarray | None = None) -> np.ndarray:
+    """Rows of ``t.runtime``: the synchronising calls a host-to-device copy of pageable memory makes
+    itself, inside the outermost aten op (``aten::to``, ``aten::copy_``) that launched the copy,
+    on its thread. A blocking ``.to("cuda")`` of pageable memory is ``cudaMemcpyAsync`` then
+    ``cudaStreamSynchronize`` in one op; with pinned memory and ``non_blocking=True`` neither waits,
+    so these syncs are the copy's (pageable_memcpy's fix), not a fetched value's (host_sync's).
+    ``copies``: only those of these rows of ``t.memcpys``."""
+    m, ops, rt = t.memcpys, t.ops, t.runtime
+    if not len(m) or not len(ops) or not len(rt) or "op" not in m.columns:
+        return np.zeros(0, dtype=np.int64)
+    # host to device only: a copy to the host (`.item()`, `.cpu()`) is a value the host waits
+    # for whatever memory it lands in (host_sync)
+    pg = (m["src"].astype(str) == "Pageable").to_numpy() & (m["kind"].astype(str) == "HtoD").to_numpy() \
+        & (m["op"].to_numpy() >= 0)
+    if copies is not None:
+        pg &= np.isin(np.arange(len(m)), np.asarray(copies, dtype=np.int64))
+    if not pg.any():
+        return np.zeros(0, dtype=np.int64)
+    rows = np.unique(outermost_aten(ops, m["op"].to_numpy()[pg].astype(np.int64)))
+    sp = np.c_[ops["ts"].to_numpy(dtype=float)[rows], ops["end"].to_numpy(dtype=float)[rows]]
+    tid = ops["tid"].to_numpy()[rows]
+    sync = np.flatnonzero(name_mask(rt["name"], among=SYNC_CALLS))
+    rts, rtid = rt["ts"].to_numpy(dtype=float)[sync], rt["tid"].to_numpy()[sync]
+    inside = np.zeros(len(sync), dtype=bool)
+    for th in np.unique(tid):  # threads are few
+        s = sp[tid == th]
+        s = s[np.argsort(s[:, 0], kind="stable")]
+        on = rtid == th
+        k = np.searchsorted(s[:, 0], rts[on], side="right") - 1
+        inside[np.flatnonzero(on)] = (k >= 0) & (rts[on] <= s[np.maximum(k, 0), 1])
+    out: np.ndarray = sync[inside]
+    return out
+
+
+def draining_call(t: RankTrace, g: pd.DataFrame, calls: np.ndarray) -> np.ndarray:
+    """Per idle gap of ``g``, the row of ``t.runtime`` among ``calls`` (rows) that ended last at or
+    before the gap's end, -1 if none: the call that drained the queue before a ``sync`` gap (one
+    returned inside it) or before the refill gaps after it (:func:`classify_gaps`)."""
+    if not len(g) or not len(calls):
+        return np.full(len(g), -1, dtype=np.int64)
+    calls = np.asarray(calls, dtype=np.int64)
+    end = t.runtime["end"].to_numpy(dtype=float)[calls]
+    o = np.argsort(end, kind="stable")
+    k = np.searchsorted(end[o], g["end"].to_numpy(dtype=float), side="right") - 1
+    out: np.ndarray = np.where(k >= 0, calls[o][np.maximum(k, 0)], -1)
+    return out
+
+
+def copy_sync_gaps(t: RankTrace, g: pd.DataFrame) -> np.ndarray:
+    """Which ``sync`` gaps of ``g`` (rows of :func:`classify_gaps`) a pageable copy's own sync
+    (:func:`pageable_copy_syncs`) drained: the last synchronising call to end before the gap did
+    is one of them."""
+    own = pageable_copy_syncs(t)
+    if not len(g) or not len(own):
+        return np.zeros(len(g), dtype=bool)
+    every = np.flatnonzero(name_mask(t.runtime["name"], among=SYNC_CALLS))
+    out: np.ndarray = (g["cause"] == "sync").to_numpy() & np.isin(draining_call(t, g, every), own)
+    return out

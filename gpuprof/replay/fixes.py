@@ -15,8 +15,9 @@ and without each fix and decides what each finding's estimate is.
   the candidate's ``regroup``), and its host chain keeps the eager host
   cost per launched kernel for the kernels left (its gap units claim that host work; they are not
   replayed one by one);
-* copy units ``("m", rank, row)`` (pageable copies): the copy at its saved duration and its
-  launch call no longer waits for it (pinned memory, ``non_blocking=True``);
+* copy units ``("m", rank, row)`` (pageable copies): the copy at its saved duration, its
+  launch call no longer waits for it and the syncs its op made cost nothing (pinned memory,
+  ``non_blocking=True``); the gaps those syncs drained are claimed, not replayed one by one;
 * gap units ``("gap", rank, i)`` (row ``i`` of the rank's classified idle gaps): the host work
   that held the GPU idle shrinks by ``saved / real_dur``: every call made while the gap lasted up
   to the launch that ended it, and the call the host sat in for most of it, lose that share of
@@ -186,9 +187,16 @@ def apply(g: Graph, v: RankView, category: str, units: dict[tuple[Any, ...], flo
         sel = tf.activities_of(g, rank, "memcpy", m_rows)
         g = tf.set_durations(g, sel, d[g.a_row[sel]])
         g = tf.drop_waits(g, tf.launches_of(g, sel))
+        if category == "pageable_memcpy":
+            # non_blocking=True: the op that copied no longer synchronises its stream
+            from gpuprof.idle import pageable_copy_syncs
+
+            own = tf.calls_of(g, rank, pageable_copy_syncs(t, m_rows))
+            g = tf.shrink_host(tf.drop_waits(g, own), own, 0.0)
     gi = np.fromiter((u[2] for u in units if u[0] == "gap"), np.int64)
-    # a regrouping fix's gaps are the host work its own host model takes out (its claim)
-    if len(gi) and not v.gaps.empty and category not in REGROUPING:
+    # a regrouping fix's gaps are the host work its own host model takes out (its claim); a pageable
+    # copy's are the waits of its own calls, dropped above
+    if len(gi) and not v.gaps.empty and category not in REGROUPING | {"pageable_memcpy"}:
         saved = np.fromiter((s for u, s in units.items() if u[0] == "gap"), float, len(gi))
         g = _gap_fix(g, v, category, gi, saved)
     tails = {int(u[2]): s for u, s in units.items() if u[0] == "tail"}
