@@ -38,7 +38,7 @@ def run(v: RankView) -> list[Candidate]:
     # drops their loads, stores and index arithmetic.
     issue = k["issue_bound"].to_numpy(dtype=bool) if "issue_bound" in k else np.zeros(len(k), dtype=bool)
     ok = (k["family"].astype(str).isin(FUSIBLE) & (k["bound"].isin(["memory", "latency"]) | err | issue)
-          & np.isfinite(k["t_roof_us"]) & ~v.in_optimizer().reindex(k.index)).to_numpy()
+          & np.isfinite(k["t_roof_us"]) & ~v.in_update().reindex(k.index)).to_numpy()
     lane = (k["device"].astype(np.int64) * 100_003 + k["stream"] * 101 + k["step"]).to_numpy()
     brk = np.r_[True, (~ok[1:]) | (~ok[:-1]) | (lane[1:] != lane[:-1])]
     chain = np.cumsum(brk)

@@ -621,3 +621,85 @@ def copy_sync_gaps(t: RankTrace, g: pd.DataFrame) -> np.ndarray:
     every = np.flatnonzero(name_mask(t.runtime["name"], among=SYNC_CALLS))
     out: np.ndarray = (g["cause"] == "sync").to_numpy() & np.isin(draining_call(t, g, every), own)
     return out
+
+
+#: A hand-written update loop repeats its ops once per parameter: at least this many repeats
+#: (parameter tensors) of one pattern of at most ``UPDATE_MAX_PERIOD`` ops make one. A model's
+#: smallest trainable stacks have tens of tensors (the hand-written MLP-Mixer 102, EfficientNet-B0
+#: 213); a few repeats of two or three ops after backward (a loss, a metric) are no loop.
+UPDATE_MIN_REPEATS = 16
+UPDATE_MAX_PERIOD = 8
+
+
+def update_loops(t: RankTrace) -> pd.DataFrame:
+    """Per-parameter update loops read from the ops alone, whatever launched them (a hand-written
+    momentum SGD over ``model.parameters()`` in Python, an EMA of the weights, per-tensor
+    clipping): after the last op autograd recorded in a step (its backward), outside every
+    ``Optimizer.step#`` span (:func:`optimizer_spans` reads those), a run of top-level ``aten::``
+    ops on one thread whose names repeat with a period of at most ``UPDATE_MAX_PERIOD`` ops, at
+    least ``UPDATE_MIN_REPEATS`` times, on inputs of more than one shape (one set of ops per
+    parameter, not one tensor updated again and again).
+
+    Columns: ``ts``, ``end``, ``tid`` (the loop's host span), ``step``, ``period`` (ops per
+    parameter), ``repeats`` (parameters), ``pattern`` (the op names of one repeat, joined by
+    ", "), ``first`` (row of ``t.ops``: the loop's first op); sorted by start."""
+    cols = ["ts", "end", "tid", "step", "period", "repeats", "pattern", "first"]
+    ops, steps = t.ops, t.steps
+    if not len(ops) or not len(steps) or "sequence_number" not in ops.columns:
+        return pd.DataFrame(columns=cols)
+    ts, en = ops["ts"].to_numpy(dtype=float), ops["end"].to_numpy(dtype=float)
+    tid, depth = ops["tid"].to_numpy(), ops["depth"].to_numpy()
+    tracked = ops["sequence_number"].to_numpy() >= 0
+    names = ops["name"].astype("category")
+    cats = pd.Series(names.cat.categories.astype(str))
+    code = names.cat.codes.to_numpy()
+    aten = cats.str.startswith("aten::").to_numpy()[code] & (code >= 0)
+    top = (depth == 0) & aten & ~tracked
+    opt = optimizer_spans(t)
+    if len(opt):
+        k = np.searchsorted(opt["ts"].to_numpy(), ts, side="right") - 1
+        top &= ~((k >= 0) & (ts < opt["end"].to_numpy()[np.maximum(k, 0)]))
+    st = steps.sort_values("cpu_start", kind="stable")
+    starts = st["cpu_start"].to_numpy(dtype=float)
+    bounds = np.r_[starts[1:], np.inf]
+    dims = ops["input_dims"].astype(object).to_numpy() if "input_dims" in ops.columns else None
+    out = []
+    for step, lo, hi in zip(st["step"].to_numpy(), starts, bounds):  # steps are few
+        bwd = tracked & (ts >= lo) & (ts < hi)
+        if not bwd.any():
+            continue  # no autograd in the step: no backward to follow
+        after = float(en[bwd].max())
+        for th in np.unique(tid[top & (ts >= after) & (ts < hi)]):  # threads are few
+            rows = np.flatnonzero(top & (tid == th) & (ts >= after) & (ts < hi))
+            rows = rows[np.argsort(ts[rows], kind="stable")]
+            loop = _periodic_run(code[rows])
+            if loop is None:
+                continue
+            a, b, p = loop
+            sel = rows[a:b]
+            heads = sel[::p]
+            if dims is not None and len({str(dims[r]) for r in heads}) < 2:
+                continue  # one tensor updated over and over, not one set of ops per parameter
+            out.append((ts[sel[0]], float(en[sel].max()), th, step, p, (b - a) // p,
+                        ", ".join(cats.iat[c] for c in code[sel[:p]]), int(sel[0])))
+    return pd.DataFrame(out, columns=cols).sort_values("ts", kind="stable").reset_index(drop=True)
+
+
+def _periodic_run(seq: np.ndarray) -> tuple[int, int, int] | None:
+    """The longest stretch ``[a, b)`` of ``seq`` that repeats one pattern of ``p`` items at least
+    ``UPDATE_MIN_REPEATS`` times (whole repeats only), with the smallest such ``p``; None if none."""
+    best: tuple[int, int, int] | None = None
+    n = len(seq)
+    for p in range(1, UPDATE_MAX_PERIOD + 1):
+        if n < p * UPDATE_MIN_REPEATS:
+            break
+        same = np.r_[seq[p:] == seq[:-p], np.zeros(p, dtype=bool)]
+        # runs of matches: item i repeats p later; a run of length L covers L + p items
+        edges = np.flatnonzero(np.diff(np.r_[0, same.astype(np.int8), 0]))
+        for s, e in zip(edges[0::2], edges[1::2]):
+            reps = (e - s + p) // p
+            if reps >= UPDATE_MIN_REPEATS and (best is None or reps * p > best[1] - best[0]):
+                best = (int(s), int(s + reps * p), p)
+        if best is not None:
+            return best
+    return best

@@ -48,3 +48,31 @@ def test_pageable_copies_own_the_syncs_of_their_op(name: str, good: str) -> None
     assert s is None or "aten::to" not in s.evidence["syncing_ops"]
     if name == "vision_pageable":  # the tuned pair: within ±20 % of what pinning realised
         assert f.estimated_savings_ms == pytest.approx(realised_ms(name, good), rel=0.2)
+
+
+# --- optimizer_fusion: per-parameter update kernels whatever launched them ---------------------
+
+@pytest.mark.parametrize("name,params", [("ho_effnetb0_sgdloop", 213), ("ho_mixer_sgdloop", 102)])
+def test_a_hand_written_sgd_loop_is_an_unfused_optimizer(name: str, params: int) -> None:
+    """No torch.optim, no Optimizer.step annotation: the same four elementwise ops once per
+    parameter after backward, said in the evidence; the model's fusions leave those kernels to it."""
+    from gpuprof.idle import update_loops
+
+    t = load_trace_cached(trace_path(name), 0, False)
+    loops = update_loops(t)
+    assert len(loops) == 3 and set(loops["repeats"]) == {params} and set(loops["period"]) == {4}
+    assert not t.annotations["name"].astype(str).str.startswith("Optimizer.step#").any()
+    f = finding(analysed(name), "optimizer_fusion")
+    assert f is not None and f.evidence["estimate"] == "replay"
+    assert f.evidence["parameter_tensors"] == params and "no Optimizer.step annotation" in f.evidence["seen"]
+    assert "aten::mul_" in f.evidence["ops_per_parameter"] and "foreach=True" in f.recommendation
+
+
+@pytest.mark.parametrize("name", ["ho_effnetb0_cl", "ho_mixer", "gpt_bf16", "resnet50_bf16_cl", "llama_bf16",
+                                  "gpt_adamw_forloop", "ho_neox_adamw_forloop", "decode_b1", "ho_qwen2_nocache"])
+def test_no_update_loop_where_none_was_written(name: str) -> None:
+    """torch.optim's steps (foreach, fused, or a for-loop inside Optimizer.step: the annotated
+    reading's), and inference, hold no unannotated per-parameter loop."""
+    from gpuprof.idle import update_loops
+
+    assert update_loops(load_trace_cached(trace_path(name), 0, False)).empty
