@@ -380,6 +380,14 @@ def launch_overhead(v: RankView) -> list[Candidate]:
     idle_real = max(0.0, v.real_step_us - v.busy_us)
     launch_real = float(g["real_dur"].sum()) / v.n_steps
     bound = share < 0.5 and v.busy_us < 0.5 * v.real_step_us and launch_real >= 0.5 * idle_real
+    # Requests served one at a time, or decode recomputing its prefix: batching them (a KV cache)
+    # is the first fix and removes most launches itself; graphs then claim only what it leaves.
+    from gpuprof.analyzers.inference import request_repeats, token_passes
+
+    first_fix = bound and (not request_repeats(v).empty or not token_passes(v).empty)
+    if first_fix:
+        bound = False
+        ev["first_fix"] = "batching or a KV cache (GP-BATCH-001, GP-KV-001): CUDA graphs claim what it leaves"
     if bound:
         ev["host_us_per_kernel"] = round(v.real_step_us / max(ev["kernels_per_step"], 1), 2)
         ev["gpu_busy_ms_per_step"] = round(ms(v.busy_us), 3)

@@ -108,7 +108,8 @@ def test_analyzers_skip_with_a_reason(tmp_path: Path) -> None:
 def test_every_category_is_owned_by_an_analyzer_or_listed_as_pending() -> None:
     owned = {"precision", "shape_alignment", "attention_fusion", "elementwise_fusion", "optimizer_fusion",
              "launch_overhead", "input_pipeline", "host_sync", "pageable_memcpy", "memory_bound_decode",
-             "exposed_communication", "rank_imbalance", "host_stall", "allocator_churn", "memory_format", "compile"}
+             "exposed_communication", "rank_imbalance", "host_stall", "allocator_churn", "memory_format", "compile",
+             "kv_cache", "batching"}
     names = {a.name for a in REGISTRY}
     assert owned <= names
     assert set(CATEGORIES) - owned == {"gpu_throttling", "memory_capacity"}

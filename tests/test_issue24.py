@@ -76,3 +76,50 @@ def test_no_update_loop_where_none_was_written(name: str) -> None:
     from gpuprof.idle import update_loops
 
     assert update_loops(load_trace_cached(trace_path(name), 0, False)).empty
+
+
+# --- kv_cache and batching: the new rules, a bad trace each that must raise them, good ones not --
+
+NOT_KV = ["ho_qwen2_cache", "ho_decoder_cache", "decode_b1", "decode_b64", "gpt_decode_b1", "gpt_decode_b1_graph",
+          "llama_generate_b1", "llama_generate_b1_static", "gpt_bf16", "llama_bf16", "resnet50_bf16_cl",
+          "ho_deberta_per_request", "ho_mnv3_per_request", "ho_vits16", "ho_neox"]
+NOT_BATCHING = ["ho_deberta_batched", "ho_mnv3_batched", "ho_qwen2_nocache", "ho_qwen2_cache", "ho_decoder_nocache",
+                "decode_b1", "decode_b64", "gpt_decode_b1", "gpt_decode_b1_graph", "llama_generate_b1",
+                "llama_generate_b1_static", "mlp_eager", "tiny_eager", "gpt_bf16", "resnet50_bf16_cl", "ho_mixer"]
+
+
+@pytest.mark.parametrize("name", ["ho_qwen2_nocache", "ho_decoder_nocache"])
+def test_decoding_without_a_cache_names_the_kv_cache_first(name: str) -> None:
+    a = analysed(name)
+    f = a.findings[0]
+    assert f.category == "kv_cache" and f.evidence["estimate"] == "replay"
+    assert f.evidence["passes_per_step"] == 8 and f.evidence["tokens_first_pass"] == 1024
+    assert f.evidence["tokens_last_pass"] == 1031
+    assert "past_key_values" in f.recommendation and "static cache" in f.recommendation.lower()
+    # the GPU work of the seven passes after the prefill mostly goes; the host stays
+    assert f.evidence["gpu_ms_per_step_cached"] < 0.25 * f.evidence["gpu_ms_per_step_passes_after_first"]
+    launch = finding(a, "launch_overhead")
+    assert launch is None or launch.estimated_savings_ms < f.estimated_savings_ms
+
+
+@pytest.mark.parametrize("name", NOT_KV)
+def test_no_kv_cache_finding_where_a_cache_is_kept_or_nothing_decodes(name: str) -> None:
+    assert finding(analysed(name), "kv_cache") is None
+
+
+@pytest.mark.parametrize("name,requests", [("ho_deberta_per_request", 8), ("ho_mnv3_per_request", 16)])
+def test_requests_served_one_at_a_time_name_batching_first(name: str, requests: int) -> None:
+    """Not CUDA graphs: batching removes most launches itself, and graphs claim what it leaves."""
+    a = analysed(name)
+    f = a.findings[0]
+    assert f.category == "batching" and f.evidence["estimate"] == "replay"
+    assert f.evidence["requests_per_step"] == requests
+    assert "batch" in f.recommendation.lower() and "CUDA graph" in f.recommendation
+    launch = finding(a, "launch_overhead")
+    assert launch is None or "first_fix" in launch.evidence
+
+
+@pytest.mark.parametrize("name", NOT_BATCHING)
+def test_no_batching_finding_for_one_forward_per_step_decode_or_training(name: str) -> None:
+    assert finding(analysed(name), "batching") is None
+

@@ -67,8 +67,10 @@ CROSS_RANK = frozenset({"exposed_communication", "rank_imbalance"})
 #: Fixes that fuse their kernels: each run of claimed kernels becomes one kernel (one launch).
 FUSING = frozenset({"elementwise_fusion", "optimizer_fusion", "attention_fusion"})
 #: Fixes that regroup their kernels as the analyzer models them (``torch.compile``: several
-#: Inductor kernels per run, one per iteration space, plus split-reduction passes).
-REGROUPING = frozenset({"compile"})
+#: Inductor kernels per run, one per iteration space, plus split-reduction passes; ``batching``:
+#: the same kernel of every request as one kernel at the batched shape), the host keeping its cost
+#: per launched kernel.
+REGROUPING = frozenset({"compile", "batching"})
 
 
 @dataclass(frozen=True)
