@@ -681,7 +681,7 @@ def update_loops(t: RankTrace) -> pd.DataFrame:
             if dims is not None and len({str(dims[r]) for r in heads}) < 2:
                 continue  # one tensor updated over and over, not one set of ops per parameter
             out.append((ts[sel[0]], float(en[sel].max()), th, step, p, (b - a) // p,
-                        ", ".join(cats.iat[c] for c in code[sel[:p]]), int(sel[0])))
+                        ", ".join(str(cats.iat[c]) for c in code[sel[:p]]), int(sel[0])))
     return pd.DataFrame(out, columns=cols).sort_values("ts", kind="stable").reset_index(drop=True)
 
 
