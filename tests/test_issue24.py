@@ -123,3 +123,52 @@ def test_requests_served_one_at_a_time_name_batching_first(name: str, requests: 
 def test_no_batching_finding_for_one_forward_per_step_decode_or_training(name: str) -> None:
     assert finding(analysed(name), "batching") is None
 
+
+# --- precision per architecture ----------------------------------------------------------------
+
+V100 = "/work/shared/traces/public/tb/nw4_a.pt.trace.json.gz"
+
+
+def test_v100_is_told_fp16_with_a_grad_scaler_priced_at_the_fp16_rate() -> None:
+    """A public ResNet-50 training trace on a V100 (the TensorBoard plugin's sample): no BF16 and no
+    TF32 on that part, so FP16 autocast with a GradScaler, priced at the FP16 tensor rate."""
+    import re
+    from pathlib import Path
+
+    if not Path(V100).is_file():
+        pytest.skip(f"the shared public corpus is not here ({V100})")
+    a = gpuprof.analyze(V100, cache=False)
+    assert a.spec is not None and "V100" in a.spec.name
+    f = finding(a, "precision")
+    assert f is not None and f.evidence["priced_dtype"] == "fp16"
+    assert f.evidence["priced_peak_tflops"] == a.spec.peak("fp16") > 4 * a.spec.peak("fp32")
+    assert "torch.float16" in f.recommendation and "GradScaler" in f.recommendation
+    for x in list(a.findings) + list(a.notes):
+        assert not re.search(r"bf16|bfloat16|tf32", x.title + x.recommendation, re.I), x.id
+
+
+def test_ampere_and_newer_keep_bf16_and_tf32() -> None:
+    a = analysed("gpt_fp32")
+    f = finding(a, "precision")
+    assert f is not None and f.evidence["priced_dtype"] == "bf16"
+    assert "torch.bfloat16" in f.recommendation and "allow_tf32" in f.recommendation
+    assert "GradScaler" not in f.recommendation
+
+
+def test_gemm_bound_bf16_on_hopper_is_told_fp8_priced_at_the_fp8_rate() -> None:
+    """ho_mlp_bf16: 74 % of the step is bf16 GEMMs at 734 TFLOP/s; FP8 with the casts fused. Its
+    eager twin (ho_mlp_fp8, _scaled_mm with the casts written out) realised nothing, which the fix
+    says; the estimate prices the fused recipe."""
+    a = analysed("ho_mlp_bf16")
+    f = a.findings[0]
+    assert f.id == "GP-PREC-002" and f.category == "precision" and f.evidence["priced_dtype"] == "fp8"
+    assert f.evidence["fp8_peak_tflops"] == 1979.0
+    assert "Transformer Engine" in f.recommendation and "torchao" in f.recommendation
+    assert "torch.compile" in f.recommendation and "eager" in f.recommendation
+    assert 0.2 * step_ms("ho_mlp_bf16") < f.estimated_savings_ms < 0.5 * step_ms("ho_mlp_bf16")
+
+
+@pytest.mark.parametrize("name", ["ho_mlp_fp8", "gpt_bf16", "gpt_aligned", "llama_bf16", "ho_neox", "ho_vits16",
+                                  "ho_decoder_nocache"])
+def test_no_fp8_advice_where_gemms_do_not_set_the_step(name: str) -> None:
+    assert not any(f.id == "GP-PREC-002" for f in analysed(name).findings)
