@@ -196,15 +196,17 @@ def _host_gap_units(v: RankView, share: float) -> dict[Unit, float]:
 
 def _outside_model(v: RankView) -> pd.Series:
     """Kernels launched by the optimizer (its own work in ``Optimizer.step#``/``zero_grad#``
-    spans, :func:`gpuprof.idle.optimizer_spans`): ``torch.compile(model)`` leaves them as they are."""
+    spans, :func:`gpuprof.idle.optimizer_spans`) or by a per-parameter update loop no optimizer
+    annotated (:func:`gpuprof.idle.update_loops`): ``torch.compile(model)`` leaves them as they are."""
     spans = optimizer_spans(v.trace, zero_grad=True)
     k = v.kernels
+    loop = v.in_update_loop()  # an unannotated per-parameter update loop stays eager as well
     if spans.empty:
-        return pd.Series(False, index=k.index)
+        return loop
     st, en = spans["ts"].to_numpy(), spans["end"].to_numpy()
     i = np.searchsorted(st, k["launch_ts"].to_numpy(), side="right") - 1
     inside = (i >= 0) & (k["launch_ts"].to_numpy() < en[np.maximum(i, 0)])
-    return pd.Series(inside, index=k.index)
+    return pd.Series(inside, index=k.index) | loop
 
 
 def inductor_plan(v: RankView) -> pd.DataFrame:

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 from gpuprof.analyzers._base import HOST_NOTE, ms
-from gpuprof.idle import HOST_WORK_MIN_US, graph_capture_calls, in_graph, name_mask, outermost_aten, python_frames
+from gpuprof.idle import (HOST_WORK_MIN_US, copy_sync_gaps, graph_capture_calls, in_graph, name_mask, outermost_aten,
+                          pageable_copy_syncs, python_frames)
 from gpuprof.trace.names import SYNC_CALLS
 from gpuprof.claims import Candidate, gap_units
 from gpuprof.rank import RankView
@@ -291,11 +292,16 @@ def _syncing_ops(v: RankView, rt: pd.DataFrame) -> pd.Series:
 
 def host_sync(v: RankView) -> list[Candidate]:
     out: list[Candidate] = []
+    t = v.trace
+    # a blocking copy of pageable memory syncs inside its own op: that wait is the copy's, and
+    # pinned memory with non_blocking=True removes it (pageable_memcpy), not keeping a value on the GPU
     g = _gaps(v, "sync")
+    g = g[~copy_sync_gaps(t, g)] if len(g) else g
     if g.empty:
         return out
-    t = v.trace
-    rt = t.runtime[name_mask(t.runtime["name"], among=SYNC_CALLS) & (t.runtime["step"] >= 0).to_numpy()]
+    own = np.zeros(len(t.runtime), dtype=bool)
+    own[pageable_copy_syncs(t)] = True
+    rt = t.runtime[name_mask(t.runtime["name"], among=SYNC_CALLS) & (t.runtime["step"] >= 0).to_numpy() & ~own]
     ev = _common(v, g)
     ev["sync_calls_per_step"] = round(len(rt) / v.n_steps, 1)
     ev["syncing_ops"] = {str(k): int(n) for k, n in _syncing_ops(v, rt).head(6).items()}
@@ -374,6 +380,14 @@ def launch_overhead(v: RankView) -> list[Candidate]:
     idle_real = max(0.0, v.real_step_us - v.busy_us)
     launch_real = float(g["real_dur"].sum()) / v.n_steps
     bound = share < 0.5 and v.busy_us < 0.5 * v.real_step_us and launch_real >= 0.5 * idle_real
+    # Requests served one at a time, or decode recomputing its prefix: batching them (a KV cache)
+    # is the first fix and removes most launches itself; graphs then claim only what it leaves.
+    from gpuprof.analyzers.inference import request_repeats, token_passes
+
+    first_fix = bound and (not request_repeats(v).empty or not token_passes(v).empty)
+    if first_fix:
+        bound = False
+        ev["first_fix"] = "batching or a KV cache (GP-BATCH-001, GP-KV-001): CUDA graphs claim what it leaves"
     if bound:
         ev["host_us_per_kernel"] = round(v.real_step_us / max(ev["kernels_per_step"], 1), 2)
         ev["gpu_busy_ms_per_step"] = round(ms(v.busy_us), 3)

@@ -1,7 +1,10 @@
 """optimizer_fusion: an optimizer that launches kernels per parameter instead of over all of them.
 
-Trigger: an ``Optimizer.step#...`` span launching at least ``MIN_KERNELS`` kernels per step,
-most of them from per-tensor ops (not ``_foreach_*`` or ``_fused_*``).
+Trigger: at least ``MIN_KERNELS`` kernels per step, most of them from per-tensor ops (not
+``_foreach_*`` or ``_fused_*``), launched by the optimizer: inside an ``Optimizer.step#...`` span
+(torch.optim annotates its steps), or, where no optimizer annotated them, by a per-parameter update
+loop (:func:`gpuprof.idle.update_loops`: after backward, the same few elementwise ops once per
+parameter, whatever launched them: a hand-written momentum SGD over ``model.parameters()``).
 Estimate: a fused optimizer reads parameters, gradients and state once and writes parameters and
 state once: ``bytes_per_param`` × parameters (7 × 4 B for Adam/AdamW in FP32, 5 × 4 B for SGD with
 momentum), at the roofline efficiency this trace's large memory-bound kernels reach. Saving =
@@ -18,6 +21,7 @@ from gpuprof.claims import Candidate
 from gpuprof.analyzers._base import ms, per_shape, top_names
 
 from gpuprof.costmodel import _numel
+from gpuprof.idle import update_loops
 
 if TYPE_CHECKING:
     from gpuprof.rank import RankView
@@ -30,8 +34,13 @@ def run(v: RankView) -> list[Candidate]:
     assert spec is not None
     out: list[Candidate] = []
     k = v.kernels[v.in_optimizer()]
+    loop = None
     if len(k) / v.n_steps < MIN_KERNELS:
-        return out
+        # no optimizer annotated these steps' updates: read the ops (a loop in the user's Python)
+        k = v.kernels[v.in_update_loop()]
+        loop = update_loops(v.trace)
+        if len(k) / v.n_steps < MIN_KERNELS:
+            return out
     names = k["op_name"].astype(str)
     per_tensor = ~names.str.contains("_foreach_|_fused_|multi_tensor", regex=True)
     if per_tensor.mean() < 0.5:
@@ -48,8 +57,11 @@ def run(v: RankView) -> list[Candidate]:
         rows = k.loc[names == name, "op"].unique()
         total = float(per_shape(ops, rows, lambda d: _numel(_first(d))).sum()) / v.n_steps
         params = max(params, int(total))
-    opt_name = _optimizer_name(v.trace.annotations)
-    per_param = 5 * 4 if "SGD" in opt_name else 7 * 4
+    opt_name = _optimizer_name(v.trace.annotations) if loop is None else ""
+    pattern = str(loop["pattern"].mode().iat[0]) if loop is not None else ""
+    # Adam's update takes square roots and divides by them; a loop without is momentum SGD
+    adam = any(x in pattern for x in ("sqrt", "addcdiv", "lerp", "addcmul"))
+    per_param = 7 * 4 if (adam or (loop is None and "SGD" not in opt_name)) else 5 * 4
     # Fallback GEMMs are memory-bound on on-chip memory, not HBM: their roof is no bandwidth reference.
     big = v.kernels[(v.kernels["bound"] == "memory") & (v.kernels["dur"] >= 20) & np.isfinite(v.kernels["t_roof_us"])
                     & ~v.kernels["fallback_gemm"].to_numpy(dtype=bool)]
@@ -60,16 +72,34 @@ def run(v: RankView) -> list[Candidate]:
     kernel_us = float(k["dur"].sum())
     keep = max(0.0, 1.0 - fused_us / kernel_us) if kernel_us > 0 else 0.0
     units = {**v.kernel_units(k.index, k["dur"] * keep), **v.inner_gap_units(k.index)}
+    seen: dict[str, Any] = {}
+    if loop is not None:
+        reps = int(loop["repeats"].median())
+        kind = "Adam" if adam else "SGD"
+        title = (f"A per-parameter update loop after backward launches {len(k) / v.n_steps:.0f} kernels per step: "
+                 f"the same {int(loop['period'].median())} ops ({pattern}) once for each of {reps} parameters, "
+                 "with no torch.optim annotation")
+        fix = (f"Update all parameters in a few multi-tensor kernels: `torch.optim.{kind}(model.parameters(), ..., "
+               "foreach=True)` (or `fused=True`) instead of a Python loop over the parameters, or the same update "
+               "with `torch._foreach_*` ops over the parameter lists.")
+        seen = {"seen": f"no Optimizer.step annotation; after the last autograd op of each step, one thread ran "
+                        f"the ops [{pattern}] {reps} times over inputs of different shapes (one set per "
+                        f"parameter), launching {len(k) / v.n_steps:.0f} kernels per step",
+                "update_loops_per_step": round(len(loop) / v.n_steps, 2), "ops_per_parameter": pattern,
+                "update_rule_assumed": f"{kind} ({per_param} B per parameter fused)"}
+    else:
+        title = (f"{opt_name or 'The optimizer'} launches {len(k) / v.n_steps:.0f} kernels per step, "
+                 f"one set per parameter ({n_params_guess} parameters)")
+        fix = (f"Use the fused implementation: `torch.optim.{opt_name.split('.')[0] or 'AdamW'}"
+               "(params, ..., fused=True)` (or `foreach=True`), which updates all parameters in a "
+               "few multi-tensor kernels.")
     out.append(Candidate(
         id="GP-OPT-001", category="optimizer_fusion",
-        title=f"{opt_name or 'The optimizer'} launches {len(k) / v.n_steps:.0f} kernels per step, "
-              f"one set per parameter ({n_params_guess} parameters)",
+        title=title,
         confidence="high" if params else "medium",
-        recommendation=f"Use the fused implementation: `torch.optim.{opt_name.split('.')[0] or 'AdamW'}"
-                       "(params, ..., fused=True)` (or `foreach=True`), which updates all parameters in a "
-                       "few multi-tensor kernels.",
+        recommendation=fix,
         units=units,
-        evidence={
+        evidence={**seen,
             "rank": v.rank, "optimizer": opt_name, "kernels_per_step": round(len(k) / v.n_steps, 1),
             "parameters": params, "parameter_tensors": n_params_guess,
             "optimizer_ms_per_step": round(ms(kernel_us) / v.n_steps, 3),

@@ -1,10 +1,26 @@
-"""precision: matrix work in FP32 (CUDA cores, or TF32) that bf16 tensor cores would do faster.
+"""precision: matrix work in a wider type than the GPU's tensor cores need.
 
-Trigger: GEMM, attention or convolution kernels on FP32 data, running on CUDA cores or as TF32.
+``GP-PREC-001`` — Trigger: GEMM, attention or convolution kernels on FP32 data, running on CUDA
+cores or as TF32. The fix follows the GPU (:attr:`gpuprof.specs.GpuSpec.half_dtype`): BF16 autocast
+(and TF32 for what stays FP32) where the part has BF16 (Ampere and newer, CDNA2 and newer); FP16
+autocast with a ``GradScaler`` (FP16's range needs the loss scaled in training) where it has FP16
+tensor cores only (V100, T4, RTX 20xx: no BF16, no TF32, so neither is advised there).
 Estimate: each such kernel keeps its achieved fraction of the roofline after the fix, so its time
-becomes ``dur × t_roof(bf16) / t_roof(now)``, with bf16's peak and half the bytes. Only kernels
-where the GPU was the bottleneck count (see ``_base``). Evidence: the kernels, their engine,
-TFLOP/s and roofline position.
+becomes ``dur × t_roof(half) / t_roof(now)``, at that 16-bit type's tensor peak and with half the
+bytes. Evidence: the kernels, their engine, TFLOP/s and roofline position, and the dtype priced.
+
+``GP-PREC-002`` (FP8) — Why: on Hopper and newer the tensor cores run FP8 at twice the BF16 rate;
+a step whose time is mostly BF16/FP16 GEMMs at their compute roof can nearly halve it. Trigger: a
+GPU with FP8 tensor cores (:attr:`gpuprof.specs.GpuSpec.fp8_tensor_cores`) and compute-bound
+BF16/FP16 tensor-core GEMMs holding at least ``FP8_MIN_STEP_SHARE`` of the (unprofiled) step: the
+GEMMs set the step. Estimate: each such GEMM keeps its achieved fraction of the roofline at the FP8
+peak with its operands in one byte (on the H200 here, ``torch._scaled_mm`` ran the held-out FP8
+pair's shapes at 1.42-1.50 PFLOP/s against 0.78-0.80 for BF16, 1.8-1.9x:
+``sample_traces/h200/heldout/scaled_mm_check.json``), plus the scaling casts fused into the
+neighbouring kernels as ``torch.compile`` or Transformer Engine do (each operand read once more
+and written in FP8: about the GEMM's own bytes moved once more at the memory roof). Casts run as
+separate eager kernels cost far more (an amax reduction and a cast per operand per product: the
+eager ``_scaled_mm`` twin of that pair realised -0.5 %), which the evidence and the fix say.
 
 FP32 CNNs (convolutions carry at least ``CNN_CONV_SHARE`` of the matrix time): the fix is the CNN
 recipe, autocast *and* channels-last together, and the estimate assumes both: besides the matrix
@@ -27,20 +43,48 @@ if TYPE_CHECKING:
 
 MATMUL = ("gemm", "attention", "conv")
 CNN_CONV_SHARE = 0.25
+#: FP8 is advised where compute-bound 16-bit GEMMs hold at least half the step: below that, FP8
+#: halves a minority of the step and its casts and scales take a larger share of what it saves.
+FP8_MIN_STEP_SHARE = 0.5
 ACTIVATION = ("elementwise", "norm", "reduction", "copy", "pool", "softmax")
 
 
 def run(v: RankView) -> list[Candidate]:
+    return fp32(v) + fp8(v)
+
+
+def _training(v: RankView) -> bool:
+    return bool(v.trace.ops["name"].astype(str).str.contains("Backward|autograd::engine", regex=True).any())
+
+
+def _autocast_advice(half: str, training: bool, tf32: bool) -> str:
+    """How to run forward and loss in the GPU's 16-bit type."""
+    if half == "bf16":
+        return ("un forward and loss under `with torch.autocast('cuda', dtype=torch.bfloat16):` (keep the "
+                "optimizer in FP32)" + ("; if you must stay in FP32, at least allow TF32: "
+                                        "`torch.backends.cuda.matmul.allow_tf32 = True; "
+                                        "torch.backends.cudnn.allow_tf32 = True`" if tf32 else ""))
+    scaler = (" with a gradient scaler, since FP16's range needs the loss scaled: `scaler = "
+              "torch.cuda.amp.GradScaler()` (`torch.amp.GradScaler('cuda')` in recent PyTorch), then "
+              "`scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()`") if training else ""
+    return ("un forward and loss under `with torch.autocast('cuda', dtype=torch.float16):`" + scaler
+            + ". FP16 is the 16-bit type this GPU's tensor cores run")
+
+
+def fp32(v: RankView) -> list[Candidate]:
     spec = v.spec
     assert spec is not None
     out: list[Candidate] = []
     k = v.kernels
+    half = spec.half_dtype
+    if half is None:  # no 16-bit tensor math on this part: nothing faster to move to
+        return out
     # FP32 *data*: bf16 inputs on a CUDA-core kernel (cuDNN's choice for 3-channel convs) are not this.
     sel = k[k["family"].astype(str).isin(MATMUL) & (k["dtype"] == "fp32") & np.isfinite(k["t_roof_us"])]
     if sel.empty:
         return out
-    bf16_roof = np.fmax(sel["flops"] / (spec.peak("bf16") * 1e12), sel["bytes"] / 2 / (spec.hbm_gbps * 1e9)) * 1e6
-    after = sel["dur"] * bf16_roof / sel["t_roof_us"]
+    half_roof = np.fmax(sel["flops"] / (spec.peak(half) * 1e12), sel["bytes"] / 2 / (spec.hbm_gbps * 1e9)) * 1e6
+    after = sel["dur"] * half_roof / sel["t_roof_us"]
     saved = (sel["dur"] - after).clip(lower=0)
     units = v.kernel_units(sel.index, saved)
     conv_time = sel.loc[sel["family"].astype(str) == "conv", "dur"].sum()
@@ -64,10 +108,9 @@ def run(v: RankView) -> list[Candidate]:
         confidence="high",
         recommendation=("A CNN: convert the model and inputs to channels-last "
                         "(`model.to(memory_format=torch.channels_last)`, inputs likewise) and r" if cnn else "R")
-                       + "un forward and loss under `with torch.autocast('cuda', dtype=torch.bfloat16):` "
-                       "(keep the optimizer in FP32); if you must stay in FP32, at least allow TF32: "
-                       "`torch.backends.cuda.matmul.allow_tf32 = True; torch.backends.cudnn.allow_tf32 = True`. "
-                       "On Hopper and newer, large GEMMs can go further with FP8 (Transformer Engine).",
+                       + _autocast_advice(half, _training(v), spec.has("tf32")) + "."
+                       + (" On this GPU large GEMMs can go further with FP8 (Transformer Engine, torchao float8 "
+                          "with torch.compile)." if spec.fp8_tensor_cores else ""),
         units=units,
         evidence={
             "rank": v.rank,
@@ -77,9 +120,64 @@ def run(v: RankView) -> list[Candidate]:
             "estimated_ms_per_step_after": round(ms(after.sum()) / v.n_steps, 3),
             "kernels": top_names(sel),
             "cnn_amp_channels_last_ms_per_step": round(cnn_ms, 3) if cnn else None,
-            "estimate": "each kernel keeps its % of roofline at the bf16 tensor-core peak with half the "
+            "priced_dtype": half, "priced_peak_tflops": spec.peak(half),
+            "estimate": f"each kernel keeps its % of roofline at the {half} tensor-core peak "
+                        f"({spec.peak(half):g} TFLOP/s on the {spec.name}) with half the "
                         "bytes" + ("; a CNN: assumes autocast AND channels_last together (FP32 activation "
                                    "kernels at half the bytes, cuDNN layout transforms removed)" if cnn else ""),
         },
     ))
+    return out
+
+
+def fp8(v: RankView) -> list[Candidate]:
+    spec = v.spec
+    assert spec is not None
+    out: list[Candidate] = []
+    if not spec.fp8_tensor_cores:
+        return out
+    k = v.kernels
+    sel = k[(k["family"].astype(str) == "gemm") & k["dtype"].isin(["bf16", "fp16"]) & (k["engine"] == "tensor")
+            & (k["bound"] == "compute") & np.isfinite(k["t_roof_us"])]
+    step_us = v.real_step_us * v.n_steps
+    if sel.empty or sel["dur"].sum() < FP8_MIN_STEP_SHARE * step_us:
+        return out
+    bw = spec.hbm_gbps * 1e3  # bytes per µs
+    fp8_roof = np.fmax(sel["flops"] / (spec.peak("fp8") * 1e6), sel["bytes"] / 2 / bw)
+    after = sel["dur"] * fp8_roof / sel["t_roof_us"]
+    casts = sel["bytes"] / bw  # the scaling casts fused into neighbouring kernels: the GEMM's bytes once more
+    saved = (sel["dur"] - after - casts).clip(lower=0)
+    n = v.n_steps
+    share = 100 * sel["dur"].sum() / step_us
+    dtype = str(sel["dtype"].mode().iat[0])
+    out.append(Candidate(
+        id="GP-PREC-002", category="precision",
+        title=(f"{share:.0f}% of the step is {dtype} GEMMs at their compute roof "
+               f"({float(sel['flops'].sum() / (sel['dur'].sum() * 1e6)):.0f} TFLOP/s): FP8 tensor cores run them "
+               f"at twice the rate on the {spec.name}"),
+        confidence="medium",
+        recommendation=("Train the large linear layers in FP8 with the casts fused: NVIDIA Transformer Engine "
+                        "(`te.Linear` under `te.fp8_autocast()`), or torchao's float8 training "
+                        "(`torchao.float8.convert_to_float8_training(model)`) with `torch.compile(model)`, which "
+                        "fuses the amax and scaling casts into the neighbouring kernels; for inference, FP8 "
+                        "weights and activations the same way. Writing the scaling in eager PyTorch around "
+                        "`torch._scaled_mm` (an amax reduction and a cast per operand, per product) can eat the "
+                        "whole gain: on this project's H200 FP8 pair such an eager twin realised -0.5 %. Check the "
+                        "loss curve against BF16 (FP8's 3-bit mantissa)."),
+        units=v.kernel_units(sel.index, saved),
+        evidence={
+            "rank": v.rank, "gemm_ms_per_step": round(ms(sel["dur"].sum()) / n, 3),
+            "gemm_share_of_step_pct": round(share, 1),
+            "achieved_tflops": round(float(sel["flops"].sum() / (sel["dur"].sum() * 1e6)), 1),
+            "fp8_peak_tflops": spec.peak("fp8"), "priced_dtype": "fp8",
+            "estimated_gemm_ms_per_step_after": round(ms(after.sum()) / n, 3),
+            "fused_cast_ms_per_step": round(ms(casts.sum()) / n, 3),
+            "kernels": top_names(sel),
+            "checked": ("torch._scaled_mm on an H200: 1.42-1.50 PFLOP/s vs bf16 0.78-0.80 on 8192x4096x16384-class "
+                        "shapes (sample_traces/h200/heldout/scaled_mm_check.json); an eager quantisation of one "
+                        "operand took 0.21-0.81 ms there, 16-58 % of the bf16 product"),
+            "estimate": ("each GEMM keeps its % of roofline at the FP8 tensor-core peak with one-byte operands, "
+                         "plus the scaling casts fused into neighbouring kernels (the GEMM's bytes moved once more "
+                         "at the memory roof); eager casts cost more"),
+        }))
     return out

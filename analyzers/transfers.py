@@ -3,7 +3,12 @@
 pageable_memcpy — Trigger: host↔device copies from or to pageable memory (the driver stages
 them through a pinned buffer, at a fraction of the link rate, and they cannot overlap compute).
 Estimate: the same bytes at the pinned rate measured in this trace (copies of ≥ 1 MB from pinned
-memory), else at the GPU's PCIe rate from its datasheet; saving = copy time minus that.
+memory), else at the GPU's PCIe rate from its datasheet; and the host no longer waits: a pageable
+``cudaMemcpyAsync`` returns only once its copy is done, so it first waits for the work queued ahead
+of it on its stream (the host loses its lead on the GPU), and a blocking ``.to()`` then
+synchronises the stream; with pinned memory and ``non_blocking=True`` neither call waits. The
+copies, their calls' waits and the idle gaps the copies' own syncs drained are the units; the
+replay prices them together.
 
 memory_bound_decode — Trigger: an inference trace (no backward, no optimizer) whose GEMMs have
 at most ``GEMV_ROWS`` rows (tokens in flight) and are memory-bound: each step streams all weights
@@ -20,7 +25,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from gpuprof.claims import Candidate, units_of
+from gpuprof.claims import Candidate, gap_units, units_of
+from gpuprof.idle import copy_sync_gaps
 from gpuprof.rank import RankView
 from gpuprof.analyzers._base import ms, shape_codes, top_names
 
@@ -50,6 +56,7 @@ def pageable_memcpy(v: RankView) -> list[Candidate]:
     after = pageable["bytes"] / (rate * 1e9) * 1e6
     saved = (pageable["dur"] - after).clip(lower=0)
     n_steps = max(len(t.steps), 1)
+    syncs = v.gaps[copy_sync_gaps(t, v.gaps)] if len(v.gaps) else v.gaps
     achieved = float(pageable["bytes"].sum() / (pageable["dur"].sum() * 1e-6) / 1e9) if pageable["dur"].sum() else 0.0
     out.append(Candidate(
         id="GP-COPY-001", category="pageable_memcpy",
@@ -59,12 +66,15 @@ def pageable_memcpy(v: RankView) -> list[Candidate]:
         recommendation="Allocate host tensors in pinned memory (`DataLoader(pin_memory=True)` or "
                        "`tensor.pin_memory()`) and copy with `.to('cuda', non_blocking=True)`, ideally "
                        "prefetching the next batch on a side stream so the copy overlaps compute.",
-        units=units_of("m", t.meta.rank, pageable.index, saved),
+        # the copies' own syncs (a blocking `.to()` waits for its copy: pinned + non_blocking does not)
+        units={**units_of("m", t.meta.rank, pageable.index, saved), **gap_units(v.rank, syncs, syncs["real_dur"])},
         evidence={"rank": t.meta.rank, "pageable_copies": pageable["name"].astype(str).value_counts().to_dict(),
                   "pageable_gbps": round(achieved, 2), "pinned_gbps_used": round(rate, 2), "rate_source": source,
                   "copy_ms_per_step": round(ms(pageable["dur"].sum()) / n_steps, 3),
                   "estimated_ms_per_step_after": round(ms(after.sum()) / n_steps, 3),
-                  "estimate": "the same bytes at the pinned transfer rate"}))
+                  "copy_sync_idle_ms_per_step": round(ms(syncs["real_dur"].sum()) / n_steps, 3) if len(syncs) else 0.0,
+                  "estimate": "the same bytes at the pinned transfer rate; the copy calls and the syncs in their "
+                              "ops no longer wait for the GPU (non_blocking=True)"}))
     return out
 
 

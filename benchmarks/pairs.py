@@ -74,6 +74,28 @@ def realised_ms(bad: str, good: str) -> float:
     return step_ms(bad) - step_ms(good) * scale
 
 
+def heldout_pairs() -> list[tuple[str, str, str, str]]:
+    """(class, expected category, bad, good) of sample_traces/h200/heldout_pairs.json (issue #24):
+    recorded to check the estimates, never to tune them."""
+    doc = json.loads((H200 / "heldout_pairs.json").read_text())
+    return [(p["class"], p["expect"], p["bad"], p["good"]) for p in doc["pairs"]]
+
+
+def family(name: str) -> str:
+    """The model family a pair member belongs to (held-out programs: heldout_pairs.json's
+    ``family``; tuned samples: the program the name starts with)."""
+    doc = json.loads((H200 / "heldout_pairs.json").read_text())
+    if name in doc["programs"]:
+        return str(doc["programs"][name]["family"])
+    for prefix, fam in (("gpt_", "gpt.py GPT"), ("two_", "gpt.py GPT"), ("ddp_", "gpt.py GPT"), ("tiny_", "gpt.py GPT"),
+                        ("decode_", "gpt.py GPT"), ("llama_", "HF Llama"), ("resnet50_", "torchvision ResNet-50"),
+                        ("convnext_", "torchvision ConvNeXt-T"), ("vision_", "vision.py CNN"),
+                        ("mlp_", "mlp.py MLP"), ("bert_", "HF BERT")):
+        if name.startswith(prefix):
+            return fam
+    return name
+
+
 def depth_pairs(expect: tuple[str, ...] | None = None) -> list[tuple[str, str, str, str]]:
     """(class, expected category, bad, good) of sample_traces/h200/depth_pairs.json's pairs with an
     expected category and a good twin (only those expecting one of ``expect``, when given)."""

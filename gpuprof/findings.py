@@ -27,6 +27,8 @@ CATEGORIES = (
     "host_stall",
     "memory_format",
     "compile",
+    "kv_cache",
+    "batching",
 )
 
 

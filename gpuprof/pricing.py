@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 REPLAY_USED: frozenset[str] = frozenset({
     "precision", "shape_alignment", "attention_fusion", "elementwise_fusion", "optimizer_fusion",
     "launch_overhead", "input_pipeline", "pageable_memcpy", "memory_format",
-    "allocator_churn", "host_stall", "compile", "host_sync",
+    "allocator_churn", "host_stall", "compile", "host_sync", "kv_cache", "batching",
 })
 
 #: Why a priced category's replay is not its estimate.
@@ -71,7 +71,7 @@ NO_GRAPH_WHY = "no dependency graph to replay on this rank (no runtime calls or 
 #: Fixes of the GPU's own work: on a bare trace their replay is the estimate (between the host floor
 #: and no host); host-side fixes there keep their deflated gaps (``BARE_HOST_WHY``). compile counts
 #: here: its host change follows the kernels it removes (no claimed gap is its estimate).
-GPU_SIDE = frozenset({"compile", "precision", "shape_alignment", "attention_fusion", "elementwise_fusion",
+GPU_SIDE = frozenset({"compile", "batching", "kv_cache", "precision", "shape_alignment", "attention_fusion", "elementwise_fusion",
                       "optimizer_fusion",
                       "memory_format", "pageable_memcpy", "memory_bound_decode", "gpu_throttling"})
 

@@ -12,7 +12,7 @@ import pandas as pd
 
 from gpuprof.claims import Unit, units_of
 from gpuprof.hostcost import event_cost_us, profiler_cost_us, unprofiled_step_ms
-from gpuprof.idle import CAUSE_ORDER, classify_gaps, optimizer_spans
+from gpuprof.idle import CAUSE_ORDER, classify_gaps, optimizer_spans, update_loops
 from gpuprof.roofline import classify
 from gpuprof.specs import GpuSpec
 from gpuprof.timeline import StepSummary, summarize
@@ -127,6 +127,26 @@ class RankView:
         i = np.searchsorted(st, k["launch_ts"].to_numpy(), side="right") - 1
         inside = (i >= 0) & (k["launch_ts"].to_numpy() < en[np.maximum(i, 0)])
         return pd.Series(inside, index=k.index)
+
+    def in_update_loop(self) -> pd.Series:
+        """Kernels launched by a per-parameter update loop that no optimizer annotated
+        (:func:`gpuprof.idle.update_loops`: the same few ops once per parameter after backward),
+        on the loop's thread."""
+        loops = update_loops(self.trace)
+        k = self.kernels
+        if loops.empty:
+            return pd.Series(False, index=k.index)
+        inside = np.zeros(len(k), dtype=bool)
+        lt, tid = k["launch_ts"].to_numpy(dtype=float), k["launch_tid"].to_numpy()
+        for s, e, th in zip(loops["ts"].to_numpy(), loops["end"].to_numpy(), loops["tid"].to_numpy()):  # one per step
+            inside |= (lt >= s) & (lt <= e) & (tid == th)
+        return pd.Series(inside, index=k.index)
+
+    def in_update(self) -> pd.Series:
+        """Kernels of the parameter update, whoever launched it: the optimizer's
+        (:meth:`in_optimizer`) or an unannotated per-parameter loop's (:meth:`in_update_loop`).
+        The model's fusions leave them to optimizer_fusion; ``torch.compile(model)`` leaves them eager."""
+        return self.in_optimizer() | self.in_update_loop()
 
     def host_confidence(self, otherwise: str = "high") -> str:
         """Confidence of a host-side estimate: lower when the unprofiled step time is unknown."""

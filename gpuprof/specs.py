@@ -55,6 +55,30 @@ class GpuSpec:
         """TFLOP/s for a math dtype; a dtype the part lacks falls back to the CUDA-core FP32 rate."""
         return self.peaks_tflops.get(dtype) or self.peaks_tflops.get("fp32", 0.0)
 
+    def has(self, dtype: str) -> bool:
+        """Whether the part runs this math dtype at a rate of its own (tensor/matrix cores for
+        tf32, bf16, fp16, fp8): V100, T4 and the RTX 2080 Ti have FP16 tensor cores and no BF16,
+        TF32 or FP8."""
+        return bool(self.peaks_tflops.get(dtype))
+
+    @property
+    def half_dtype(self) -> str | None:
+        """The 16-bit dtype autocast should use here: ``bf16`` where the part has it (Ampere and
+        newer, CDNA2 and newer), else ``fp16`` (Volta, Turing: FP16 tensor cores only), else None."""
+        return "bf16" if self.has("bf16") else "fp16" if self.has("fp16") else None
+
+    @property
+    def fp8_tensor_cores(self) -> bool:
+        """FP8 tensor cores on Hopper or newer (compute capability 9+) or an AMD part with FP8."""
+        if not self.has("fp8"):
+            return False
+        if self.vendor == "amd" or self.arch.startswith("gfx"):
+            return True
+        try:
+            return float(self.arch.split(".")[0]) >= 9
+        except ValueError:
+            return False
+
     @property
     def ridge(self) -> dict[str, float]:
         """FLOP per byte at which each dtype's compute roof meets the memory roof."""

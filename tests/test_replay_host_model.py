@@ -103,13 +103,16 @@ def test_host_sync_replay_leaves_other_fixes_work_alone(name: str, owner: str) -
     """host_sync's replay (its estimate now) removes the fetch, not the work around it: real H200
     traces whose one sync per step is a batch's blocking ``.to()``. Before, the replayed fix took
     the 20 ms of tokenising before it (gpt_python_inline: host_sync first at 20.7 ms) and the
-    77 MB host-to-device copy itself (vision_pageable: 10.4 ms, above pageable_memcpy)."""
+    77 MB host-to-device copy itself (vision_pageable: 10.4 ms, above pageable_memcpy). Since
+    issue #24 the sync inside a pageable batch's own ``.to()`` is the copy's (pinned memory with
+    ``non_blocking=True`` removes it): host_sync no longer claims it at all."""
     import gpuprof
     from benchmarks.pairs import step_ms
 
     a = gpuprof.analyze(SAMPLES / f"{name}.json.gz", step_ms=step_ms(name), cache=False)
-    sync = next(f for f in a.findings if f.category == "host_sync")
+    sync = next((f for f in a.findings if f.category == "host_sync"), None)
     other = next(f for f in a.findings if f.category == owner)
-    assert sync.evidence.get("estimate") == "replay"
     assert a.findings[0].category == owner
-    assert sync.estimated_savings_ms < 0.25 * other.estimated_savings_ms
+    if sync is not None:
+        assert sync.evidence.get("estimate") == "replay"
+        assert sync.estimated_savings_ms < 0.25 * other.estimated_savings_ms

@@ -15,8 +15,9 @@ and without each fix and decides what each finding's estimate is.
   the candidate's ``regroup``), and its host chain keeps the eager host
   cost per launched kernel for the kernels left (its gap units claim that host work; they are not
   replayed one by one);
-* copy units ``("m", rank, row)`` (pageable copies): the copy at its saved duration and its
-  launch call no longer waits for it (pinned memory, ``non_blocking=True``);
+* copy units ``("m", rank, row)`` (pageable copies): the copy at its saved duration, its
+  launch call no longer waits for it and the syncs its op made cost nothing (pinned memory,
+  ``non_blocking=True``); the gaps those syncs drained are claimed, not replayed one by one;
 * gap units ``("gap", rank, i)`` (row ``i`` of the rank's classified idle gaps): the host work
   that held the GPU idle shrinks by ``saved / real_dur``: every call made while the gap lasted up
   to the launch that ended it, and the call the host sat in for most of it, lose that share of
@@ -66,8 +67,10 @@ CROSS_RANK = frozenset({"exposed_communication", "rank_imbalance"})
 #: Fixes that fuse their kernels: each run of claimed kernels becomes one kernel (one launch).
 FUSING = frozenset({"elementwise_fusion", "optimizer_fusion", "attention_fusion"})
 #: Fixes that regroup their kernels as the analyzer models them (``torch.compile``: several
-#: Inductor kernels per run, one per iteration space, plus split-reduction passes).
-REGROUPING = frozenset({"compile"})
+#: Inductor kernels per run, one per iteration space, plus split-reduction passes; ``batching``:
+#: the same kernel of every request as one kernel at the batched shape), the host keeping its cost
+#: per launched kernel.
+REGROUPING = frozenset({"compile", "batching"})
 
 
 @dataclass(frozen=True)
@@ -186,9 +189,16 @@ def apply(g: Graph, v: RankView, category: str, units: dict[tuple[Any, ...], flo
         sel = tf.activities_of(g, rank, "memcpy", m_rows)
         g = tf.set_durations(g, sel, d[g.a_row[sel]])
         g = tf.drop_waits(g, tf.launches_of(g, sel))
+        if category == "pageable_memcpy":
+            # non_blocking=True: the op that copied no longer synchronises its stream
+            from gpuprof.idle import pageable_copy_syncs
+
+            own = tf.calls_of(g, rank, pageable_copy_syncs(t, m_rows))
+            g = tf.shrink_host(tf.drop_waits(g, own), own, 0.0)
     gi = np.fromiter((u[2] for u in units if u[0] == "gap"), np.int64)
-    # a regrouping fix's gaps are the host work its own host model takes out (its claim)
-    if len(gi) and not v.gaps.empty and category not in REGROUPING:
+    # a regrouping fix's gaps are the host work its own host model takes out (its claim); a pageable
+    # copy's are the waits of its own calls, dropped above
+    if len(gi) and not v.gaps.empty and category not in REGROUPING | {"pageable_memcpy"}:
         saved = np.fromiter((s for u, s in units.items() if u[0] == "gap"), float, len(gi))
         g = _gap_fix(g, v, category, gi, saved)
     tails = {int(u[2]): s for u, s in units.items() if u[0] == "tail"}
@@ -290,10 +300,12 @@ def _compiled_host(before: Graph, g: Graph, v: RankView, gone: np.ndarray) -> Gr
     kernels kept: the launches that went took the host work before each with them, and the
     rest (the Python and the ops that launch no kernel, which the compiled graph no longer runs)
     shrinks by what is left to take."""
-    from gpuprof.idle import HOST_WORK_MIN_US, optimizer_spans, time_in_ops
+    from gpuprof.idle import HOST_WORK_MIN_US, optimizer_spans, time_in_ops, update_loops
 
     i = g.ranks.index(v.rank)
-    opt = optimizer_spans(v.trace, zero_grad=True)
+    # the update stays eager: torch.optim's steps, or a per-parameter loop no optimizer annotated
+    opt = pd.concat([optimizer_spans(v.trace, zero_grad=True), update_loops(v.trace)[["ts", "end", "tid"]]],
+                    ignore_index=True)
     spans = list(zip(opt["ts"].to_numpy(dtype=float), opt["end"].to_numpy(dtype=float), opt["tid"].to_numpy()))
     region = (g.h_rank == i) & (g.h_step >= 0) & ~tf.calls_within(g, v.rank, v.trace.runtime["tid"].to_numpy(), spans)
     launched = (g.a_launch >= 0) & (g.a_kind == 0)
