@@ -293,7 +293,7 @@ def run(v: RankView) -> list[Candidate]:
               f"{kernels:.0f} kernel launches, with the host work before each",
         # syncs serialise host and GPU: what the launches removed save depends on when the
         # host gets ahead again, which the profiled host's timing decides
-        confidence="low" if sync_idle >= SYNC_SHARE * v.real_step_us else v.host_confidence("medium"),
+        confidence="low" if sync_idle >= SYNC_SHARE * v.unprofiled_or_traced_step_us else v.host_confidence("medium"),
         recommendation="Compile the model: `model = torch.compile(model)` (train step unchanged; the optimizer "
                        "stays eager, `AdamW(fused=True)` covers it). Inductor fuses norms, activations, residual "
                        "adds, casts, rotary, dropout and the loss into a few kernels and removes their launches "

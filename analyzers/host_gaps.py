@@ -183,8 +183,8 @@ def step_tails(v: RankView) -> pd.DataFrame:
     if not long.any() or long.sum() >= 0.5 * len(s):
         return pd.DataFrame(columns=cols)
     if v.host_scale_known:  # the real idle per step cannot exceed real step − GPU busy (as for the gaps)
-        left = max(0.0, (v.real_step_us - v.busy_us) * v.n_steps - float(v.gaps["real_dur"].sum()) if len(v.gaps) else
-                   (v.real_step_us - v.busy_us) * v.n_steps)
+        idle = (v.unprofiled_or_traced_step_us - v.busy_us) * v.n_steps
+        left = max(0.0, idle - float(v.gaps["real_dur"].sum()) if len(v.gaps) else idle)
         total = float(real[long].sum())
         if total > left:
             real = real * (left / total)
@@ -377,9 +377,9 @@ def launch_overhead(v: RankView) -> list[Candidate]:
     # Launch-bound: the host's launch cost per kernel (its runtime calls and the Python and
     # dispatch between them), not the GPU, sets the step. The saving is the replay of the
     # step with that host work gone from the launch gaps (gpuprof.replay.fixes).
-    idle_real = max(0.0, v.real_step_us - v.busy_us)
+    idle_real = max(0.0, v.unprofiled_or_traced_step_us - v.busy_us)
     launch_real = float(g["real_dur"].sum()) / v.n_steps
-    bound = share < 0.5 and v.busy_us < 0.5 * v.real_step_us and launch_real >= 0.5 * idle_real
+    bound = share < 0.5 and v.busy_us < 0.5 * v.unprofiled_or_traced_step_us and launch_real >= 0.5 * idle_real
     # Requests served one at a time, or decode recomputing its prefix: batching them (a KV cache)
     # is the first fix and removes most launches itself; graphs then claim only what it leaves.
     from gpuprof.analyzers.inference import request_repeats, token_passes
@@ -389,12 +389,13 @@ def launch_overhead(v: RankView) -> list[Candidate]:
         bound = False
         ev["first_fix"] = "batching or a KV cache (GP-BATCH-001, GP-KV-001): CUDA graphs claim what it leaves"
     if bound:
-        ev["host_us_per_kernel"] = round(v.real_step_us / max(ev["kernels_per_step"], 1), 2)
+        ev["host_us_per_kernel"] = round(v.unprofiled_or_traced_step_us / max(ev["kernels_per_step"], 1), 2)
         ev["gpu_busy_ms_per_step"] = round(ms(v.busy_us), 3)
         ev["estimate"] = "launch-bound: a CUDA graph replays the step at the GPU's own time"
     decode = _decode_tokens(v)
     if bound and decode is not None:
-        title = (f"Decode is bound by the host: the GPU is busy {100 * v.busy_us / v.real_step_us:.0f}% of the "
+        busy_pct = 100 * v.busy_us / v.unprofiled_or_traced_step_us
+        title = (f"Decode is bound by the host: the GPU is busy {busy_pct:.0f}% of the "
                  f"step; {ev['kernels_per_step']:.0f} tiny kernels per step (median {ev['median_kernel_us']} µs, "
                  f"{decode} row(s) per GEMM) wait for the Python generate loop to launch them")
         fix = ("Take the host out of the decode loop: use a static KV cache and compile the decode step with "

@@ -139,7 +139,7 @@ def fp8(v: RankView) -> list[Candidate]:
     k = v.kernels
     sel = k[(k["family"].astype(str) == "gemm") & k["dtype"].isin(["bf16", "fp16"]) & (k["engine"] == "tensor")
             & (k["bound"] == "compute") & np.isfinite(k["t_roof_us"])]
-    step_us = v.real_step_us * v.n_steps
+    step_us = v.unprofiled_or_traced_step_us * v.n_steps
     if sel.empty or sel["dur"].sum() < FP8_MIN_STEP_SHARE * step_us:
         return out
     bw = spec.hbm_gbps * 1e3  # bytes per µs

@@ -82,7 +82,7 @@ class RankView:
         self.event_cost_us, self.event_cost_measured = profiler_cost_us(r)
         #: GPU busy time per step (kernels, copies) and the real step time (µs; the traced one when unknown)
         self.busy_us = self.step_time_us * (100.0 - r.summary.breakdown_pct["idle"]) / 100.0
-        self.real_step_us = unprofiled * 1000.0 if unprofiled else self.step_time_us
+        self.unprofiled_or_traced_step_us = unprofiled * 1000.0 if unprofiled else self.step_time_us
         g = classify_gaps(t)
         starts = np.sort(host.to_numpy())
         n = np.searchsorted(starts, g["end"].to_numpy()) - np.searchsorted(starts, g["start"].to_numpy())
