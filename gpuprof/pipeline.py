@@ -194,8 +194,8 @@ def job_replay(ex: Executor, jobs: Sequence[Job], unprofiled_step_ms: float | No
 
 
 def check_ranks(metas: Sequence[TraceMeta], steps: Sequence[pd.DataFrame]) -> None:
-    """Refuse traces that do not look like the ranks of one job: a file given twice, traces
-    without ``distributedInfo`` (torch.distributed was not running), ranks that repeat or do not
+    """Refuse traces that do not look like the ranks of one job (a file named twice is refused
+    before, by :func:`gpuprof.runfolder.list_traces`): traces without ``distributedInfo`` (torch.distributed was not running), ranks that repeat or do not
     agree on the world size, different GPU models, different numbers of profiled steps, or
     profiled windows that never overlap in time (ranks of one job step together; two recordings
     of one program do not). Merging unrelated programs would average their step times into a
@@ -209,9 +209,6 @@ def check_ranks(metas: Sequence[TraceMeta], steps: Sequence[pd.DataFrame]) -> No
         raise UsageError(f"{why}; they are not analysed together as ranks of one job (pass --as-ranks if they "
                          f"are, or report them one at a time): {', '.join(names)}")
 
-    paths = [str(Path(m.path).resolve()) for m in metas]
-    if len(set(paths)) != len(paths):
-        refuse("the same trace file is given more than once")
     missing = [n for n, m in zip(names, metas) if not m.distributed_info]
     if missing:
         refuse(f"{', '.join(missing)} {'has' if len(missing) == 1 else 'have'} no distributedInfo "

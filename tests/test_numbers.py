@@ -242,7 +242,6 @@ def test_text_summary_fits_the_terminal_and_never_cuts_a_fix(columns: int) -> No
 
 @pytest.mark.parametrize("paths,why", [
     (["gpt_bf16.json.gz", "tiny_eager.json.gz"], "no distributedInfo"),
-    (["gpt_bf16.json.gz", "gpt_bf16.json.gz"], "more than once"),
     (["ddp_good/rank0.json.gz", "ddp_slow_rank/rank1.json.gz"], "never overlap"),
 ])
 def test_unrelated_traces_are_refused_with_the_reason(paths: list[str], why: str) -> None:
@@ -251,6 +250,15 @@ def test_unrelated_traces_are_refused_with_the_reason(paths: list[str], why: str
     assert r.stderr.count("\n") == 1 and not r.stdout
     forced = _cli("report", *(str(SAMPLES / p) for p in paths), "--format", "json", "--as-ranks")
     assert forced.returncode == 0 and len(json.loads(forced.stdout)["source"]["ranks"]) == 2
+
+
+def test_one_trace_file_named_twice_is_refused_even_as_ranks() -> None:
+    """A trace is one rank: the same file twice is never two ranks, whatever --as-ranks says (#28 item 15)."""
+    for extra in ([], ["--as-ranks"]):
+        r = _cli("report", str(SAMPLES / "gpt_bf16.json.gz"), str(SAMPLES / "gpt_bf16.json.gz"), "--format", "json",
+                 *extra)
+        assert r.returncode == 3 and "is the same trace file as" in r.stderr and "named once" in r.stderr, r.stderr
+        assert r.stderr.count("\n") == 1 and not r.stdout
 
 
 def test_ranks_of_one_job_are_analysed_together() -> None:

@@ -224,11 +224,13 @@ def test_args_decoded_per_bucket_refuse_what_a_whole_decode_refused(tmp_path: Pa
     op = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1.0, "dur": 2.0,
           "args": {"External id": 3, "Input Dims": [[2, 2]]}}
     path = tmp_path / "t.json"
-    path.write_text(json.dumps({"traceEvents": [op, op, bad, op]}))
+    # three ops that differ (events repeated exactly are counted once: gpuprof.trace.integrity)
+    ops = [dict(op, ts=t, args={"External id": 3 + i, "Input Dims": [[2, 2]]}) for i, t in enumerate((1.0, 5.0, 8.0))]
+    path.write_text(json.dumps({"traceEvents": [ops[0], ops[1], bad, ops[2]]}))
     with pytest.raises(TraceError) as e:
         load.load_trace(path)
     got = str(e.value)
     assert "not a Kineto trace: Expected `object | null`" in got and "at `$[2].args`" in got, got
     good = dict(bad, args={"External id": 9})
-    path.write_text(json.dumps({"traceEvents": [op, op, good, op]}))
+    path.write_text(json.dumps({"traceEvents": [ops[0], ops[1], good, ops[2]]}))
     assert len(load.load_trace(path).ops) == 3 + (good["cat"] == "cpu_op")
