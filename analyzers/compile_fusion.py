@@ -197,7 +197,7 @@ def _host_gap_units(v: RankView, share: float) -> dict[Unit, float]:
 def _outside_model(v: RankView) -> pd.Series:
     """Kernels launched by the optimizer (its own work in ``Optimizer.step#``/``zero_grad#``
     spans, :func:`gpuprof.idle.optimizer_spans`) or by a per-parameter update loop no optimizer
-    annotated (:func:`gpuprof.idle.update_loops`): ``torch.compile(model)`` leaves them as they are."""
+    annotated (:func:`gpuprof.hostops.update_loops`): ``torch.compile(model)`` leaves them as they are."""
     spans = optimizer_spans(v.trace, zero_grad=True)
     k = v.kernels
     loop = v.in_update_loop()  # an unannotated per-parameter update loop stays eager as well

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 from gpuprof.analyzers._base import HOST_NOTE, ms
-from gpuprof.idle import (HOST_WORK_MIN_US, copy_sync_gaps, graph_capture_calls, in_graph, name_mask, outermost_aten,
-                          pageable_copy_syncs, python_frames)
+from gpuprof.hostops import copy_sync_gaps, pageable_copy_syncs, python_frames
+from gpuprof.idle import HOST_WORK_MIN_US, graph_capture_calls, in_graph, name_mask, outermost_aten
 from gpuprof.trace.names import SYNC_CALLS
 from gpuprof.claims import Candidate, gap_units
 from gpuprof.rank import RankView

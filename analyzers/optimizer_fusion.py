@@ -3,7 +3,7 @@
 Trigger: at least ``MIN_KERNELS`` kernels per step, most of them from per-tensor ops (not
 ``_foreach_*`` or ``_fused_*``), launched by the optimizer: inside an ``Optimizer.step#...`` span
 (torch.optim annotates its steps), or, where no optimizer annotated them, by a per-parameter update
-loop (:func:`gpuprof.idle.update_loops`: after backward, the same few elementwise ops once per
+loop (:func:`gpuprof.hostops.update_loops`: after backward, the same few elementwise ops once per
 parameter, whatever launched them: a hand-written momentum SGD over ``model.parameters()``).
 Estimate: a fused optimizer reads parameters, gradients and state once and writes parameters and
 state once: ``bytes_per_param`` × parameters (7 × 4 B for Adam/AdamW in FP32, 5 × 4 B for SGD with
@@ -21,7 +21,7 @@ from gpuprof.claims import Candidate
 from gpuprof.analyzers._base import ms, per_shape, top_names
 
 from gpuprof.costmodel import _numel
-from gpuprof.idle import update_loops
+from gpuprof.hostops import update_loops
 
 if TYPE_CHECKING:
     from gpuprof.rank import RankView

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 from gpuprof.claims import Candidate, gap_units, units_of
-from gpuprof.idle import copy_sync_gaps
+from gpuprof.hostops import copy_sync_gaps
 from gpuprof.rank import RankView
 from gpuprof.analyzers._base import ms, shape_codes, top_names
 

@@ -12,7 +12,8 @@ import pandas as pd
 
 from gpuprof.claims import Unit, units_of
 from gpuprof.hostcost import event_cost_us, profiler_cost_us, unprofiled_step_ms
-from gpuprof.idle import CAUSE_ORDER, classify_gaps, optimizer_spans, update_loops
+from gpuprof.hostops import update_loops
+from gpuprof.idle import CAUSE_ORDER, classify_gaps, optimizer_spans
 from gpuprof.roofline import classify
 from gpuprof.specs import GpuSpec
 from gpuprof.timeline import StepSummary, summarize
@@ -130,7 +131,7 @@ class RankView:
 
     def in_update_loop(self) -> pd.Series:
         """Kernels launched by a per-parameter update loop that no optimizer annotated
-        (:func:`gpuprof.idle.update_loops`: the same few ops once per parameter after backward),
+        (:func:`gpuprof.hostops.update_loops`: the same few ops once per parameter after backward),
         on the loop's thread."""
         loops = update_loops(self.trace)
         k = self.kernels

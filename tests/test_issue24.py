@@ -56,7 +56,7 @@ def test_pageable_copies_own_the_syncs_of_their_op(name: str, good: str) -> None
 def test_a_hand_written_sgd_loop_is_an_unfused_optimizer(name: str, params: int) -> None:
     """No torch.optim, no Optimizer.step annotation: the same four elementwise ops once per
     parameter after backward, said in the evidence; the model's fusions leave those kernels to it."""
-    from gpuprof.idle import update_loops
+    from gpuprof.hostops import update_loops
 
     t = load_trace_cached(trace_path(name), 0, False)
     loops = update_loops(t)
@@ -73,7 +73,7 @@ def test_a_hand_written_sgd_loop_is_an_unfused_optimizer(name: str, params: int)
 def test_no_update_loop_where_none_was_written(name: str) -> None:
     """torch.optim's steps (foreach, fused, or a for-loop inside Optimizer.step: the annotated
     reading's), and inference, hold no unannotated per-parameter loop."""
-    from gpuprof.idle import update_loops
+    from gpuprof.hostops import update_loops
 
     assert update_loops(load_trace_cached(trace_path(name), 0, False)).empty
 

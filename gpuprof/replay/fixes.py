@@ -191,7 +191,7 @@ def apply(g: Graph, v: RankView, category: str, units: dict[tuple[Any, ...], flo
         g = tf.drop_waits(g, tf.launches_of(g, sel))
         if category == "pageable_memcpy":
             # non_blocking=True: the op that copied no longer synchronises its stream
-            from gpuprof.idle import pageable_copy_syncs
+            from gpuprof.hostops import pageable_copy_syncs
 
             own = tf.calls_of(g, rank, pageable_copy_syncs(t, m_rows))
             g = tf.shrink_host(tf.drop_waits(g, own), own, 0.0)
@@ -300,7 +300,8 @@ def _compiled_host(before: Graph, g: Graph, v: RankView, gone: np.ndarray) -> Gr
     kernels kept: the launches that went took the host work before each with them, and the
     rest (the Python and the ops that launch no kernel, which the compiled graph no longer runs)
     shrinks by what is left to take."""
-    from gpuprof.idle import HOST_WORK_MIN_US, optimizer_spans, time_in_ops, update_loops
+    from gpuprof.hostops import update_loops
+    from gpuprof.idle import HOST_WORK_MIN_US, optimizer_spans, time_in_ops
 
     i = g.ranks.index(v.rank)
     # the update stays eager: torch.optim's steps, or a per-parameter loop no optimizer annotated
