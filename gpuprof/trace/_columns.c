@@ -460,6 +460,23 @@ static int raw_field(Scan *sc, Table *t, int32_t *slot) {
 
 #define KEY(lit) (klen == sizeof(lit) - 1 && memcmp(k, lit, sizeof(lit) - 1) == 0)
 
+/* One key of an object and its ':', the value's first byte next: the key's bytes in *k, *klen.
+   A key written with escapes, or one msgspec would have to decode, is not ours to match (-1). */
+static int object_key(Scan *sc, const unsigned char **k, size_t *klen) {
+    ws(sc);
+    if (sc->p >= sc->end || *sc->p != '"') return -1;
+    *k = sc->p + 1;
+    int esc = 0;
+    if (skip_string(sc, &esc) < 0 || esc) return -1;
+    *klen = (size_t)(sc->p - 1 - *k);
+    if (!plain(*k, *klen)) return -1;
+    ws(sc);
+    if (sc->p >= sc->end || *sc->p != ':') return -1;
+    sc->p++;
+    ws(sc);
+    return sc->p < sc->end ? 0 : -1;
+}
+
 static int parse_args(Scan *sc, uint32_t *rare) {
     /* at '{' */
     sc->p++;
@@ -467,18 +484,9 @@ static int parse_args(Scan *sc, uint32_t *rare) {
     ws(sc);
     if (sc->p < sc->end && *sc->p == '}') { sc->p++; return 0; }
     for (;;) {
-        ws(sc);
-        if (sc->p >= sc->end || *sc->p != '"') return -1;
-        const unsigned char *k = sc->p + 1;
-        int esc = 0;
-        if (skip_string(sc, &esc) < 0 || esc) return -1;
-        size_t klen = (size_t)(sc->p - 1 - k);
-        if (!plain(k, klen)) return -1; /* a key msgspec would have to decode: not ours to match */
-        ws(sc);
-        if (sc->p >= sc->end || *sc->p != ':') return -1;
-        sc->p++;
-        ws(sc);
-        if (sc->p >= sc->end) return -1;
+        const unsigned char *k;
+        size_t klen;
+        if (object_key(sc, &k, &klen) < 0) return -1;
         int f = -1, s = -1, r = -1, xyz = 0;
         switch (k[0]) {
         case 'E': if (KEY("External id")) f = F_EXT; break;
@@ -552,18 +560,9 @@ static int parse_event(Scan *sc) {
     ws(sc);
     if (sc->p < sc->end && *sc->p == '}') { sc->p++; goto done; }
     for (;;) {
-        ws(sc);
-        if (sc->p >= sc->end || *sc->p != '"') return -1;
-        const unsigned char *k = sc->p + 1;
-        int esc = 0;
-        if (skip_string(sc, &esc) < 0 || esc) return -1;
-        size_t klen = (size_t)(sc->p - 1 - k);
-        if (!plain(k, klen)) return -1; /* a key msgspec would have to decode: not ours to match */
-        ws(sc);
-        if (sc->p >= sc->end || *sc->p != ':') return -1;
-        sc->p++;
-        ws(sc);
-        if (sc->p >= sc->end) return -1;
+        const unsigned char *k;
+        size_t klen;
+        if (object_key(sc, &k, &klen) < 0) return -1;
         int which = -1;
         if (KEY("ph")) which = 0;
         else if (KEY("cat")) which = 1;
