@@ -82,16 +82,17 @@ def collective_table(r: RankResult) -> pd.DataFrame:
         "exposed": np.maximum(exposed, 0.0), "abs_ts": comm["ts"].to_numpy() + t.meta.t0_epoch_ns / 1000.0,
         "nelems": comm["in_nelems"].to_numpy(), "collective": comm["collective"].astype(object).to_numpy(),
         "queued_for": queued_for, "stream": comm["stream"].to_numpy(),
-        "pg": _labels(comm["process_group"]) if "process_group" in comm else "",
+        "pg": labels(comm["process_group"]) if "process_group" in comm else "",
         "seq": np.where(seq >= 0, seq, np.nan),
     })
 
 
-def _labels(x: pd.Series) -> np.ndarray:
-    """A column's values as strings, "" where missing (as the replay's ``comm_rows`` reads them)."""
+def labels(x: pd.Series, rows: np.ndarray | None = None) -> np.ndarray:
+    """A column's values (at positions ``rows``, else all) as strings, "" where missing: how the
+    matcher (:func:`match_ids`) reads process groups, collective and kernel names."""
     codes, uniq = pd.factorize(x, use_na_sentinel=True)
-    labels = np.array([str(u) for u in uniq] + [""], dtype=object)
-    out: np.ndarray = labels[codes]
+    text = np.array([str(u) for u in uniq] + [""], dtype=object)
+    out: np.ndarray = text[codes if rows is None else codes[rows]]
     return out
 
 
@@ -104,9 +105,9 @@ def match(tables: Sequence[pd.DataFrame]) -> pd.DataFrame:
     c = pd.concat(tables, ignore_index=True)
     ranks = c["rank"].nunique()
     nel = pd.to_numeric(c["nelems"], errors="coerce").to_numpy(dtype=float)
-    coll = np.array(["" if v is None or v != v else str(v) for v in c["collective"].to_numpy()], dtype=object)
     c["key"] = match_ids(pd.DataFrame({"rank_i": c["rank"].to_numpy(), "stream": c["stream"].to_numpy(),
-                                       "ts": c["abs_ts"].to_numpy(), "pg": c["pg"].to_numpy(), "coll": coll,
+                                       "ts": c["abs_ts"].to_numpy(), "pg": c["pg"].to_numpy(),
+                                       "coll": labels(c["collective"]),
                                        "name": c["name"].to_numpy(), "seq": c["seq"].to_numpy(dtype=float),
                                        "nelems": np.nan_to_num(nel, nan=-1.0),
                                        "step": c["step"].to_numpy()}))

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from gpuprof.collectives import MAX_SHIFT, match_ids
+from gpuprof.collectives import MAX_SHIFT, labels, match_ids
 from gpuprof.replay.graph import Graph, build
 from gpuprof.replay.transforms import shrink_host, trim_host
 from gpuprof.trace.model import RankTrace
@@ -156,10 +156,7 @@ def comm_rows(g: Graph, t: RankTrace) -> pd.DataFrame:
     def col(name: str) -> np.ndarray:
         if name not in k:
             return np.full(len(r), "", dtype=object)
-        codes, uniq = pd.factorize(k[name], use_na_sentinel=True)
-        labels = np.array([str(u) for u in uniq] + [""], dtype=object)
-        out: np.ndarray = labels[codes[r]]
-        return out
+        return labels(k[name], r)
 
     seq = k["coll_seq"].to_numpy(dtype=float)[r] if "coll_seq" in k else np.full(len(r), np.nan)
     seq = np.where(seq >= 0, seq, np.nan)  # -1: none recorded
