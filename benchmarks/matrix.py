@@ -87,16 +87,16 @@ def make(shape: str, mb: float, where: Path) -> tuple[Path, Path, int]:
     return (folder if n_ranks > 1 else folder / "rank0.json"), folder, events
 
 
-def timed(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Wall time of ``cmd`` and the peak total RSS of it and its descendants; its last stdout
-    line when that is JSON."""
+def timed(cmd: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> dict[str, Any]:
+    """Wall time of ``cmd`` (run in ``cwd``), the CPU time and peak total RSS of it and its
+    descendants; its last stdout line when that is JSON."""
     import resource
 
     import psutil
 
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
     peak = 0
     proc = psutil.Process(p.pid)
     while p.poll() is None:

@@ -7,8 +7,8 @@ run (issue 23's check: the refactored code takes no more CPU than the commit bef
 Each ``--python`` is an interpreter whose ``gpuprof`` is the install to measure, run from a
 temporary folder (no source tree on its path: a non-editable install, or an editable one of that
 tree). The trace is made by :func:`benchmarks.matrix.make` (real H200 steps repeated); each report
-is ``gpuprof report TRACE --format json --no-cache`` with an empty cache, timed by its CPU
-(user + system of the process and its children). Prints one JSON line per run and a
+is ``gpuprof report TRACE --format json --no-cache`` with an empty cache, timed as
+:func:`benchmarks.matrix.timed` times it (CPU of the process tree, its peak RSS). Prints one JSON line per run and a
 median per install.
 """
 
@@ -17,31 +17,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.matrix import make
+from benchmarks.matrix import make, timed
 
 
 def one(python: str, trace: Path, cwd: Path) -> dict[str, Any]:
+    """One cold JSON report by ``python``'s gpuprof, run in ``cwd`` (no source tree on its path)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["GPUPROF_CACHE_DIR"] = str(cwd / "cache")
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t = time.perf_counter()
-    p = subprocess.run([python, "-m", "gpuprof.cli", "report", str(trace), "--format", "json", "--no-cache",
-                        "-o", str(cwd / f"r{time.monotonic_ns()}.json")], cwd=cwd, env=env, capture_output=True,
-                       text=True)
-    wall = time.perf_counter() - t
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if p.returncode != 0:
-        return {"error": (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]}
-    return {"seconds": round(wall, 3),
-            "cpu_seconds": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 3)}
+    r = timed([python, "-m", "gpuprof.cli", "report", str(trace), "--format", "json", "--no-cache",
+               "-o", str(cwd / f"r{time.monotonic_ns()}.json")], env, cwd)
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}
 
 
 def main() -> None:
