@@ -110,6 +110,35 @@ def test_record_then_report(tmp_path: Path) -> None:
         m["unprofiled_step_ms"])
 
 
+SLOWER_LATER = """
+import sys, time, torch
+m = torch.nn.Linear(16, 16); opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for i in range(45):
+    m(torch.randn(4, 16)).sum().backward(); opt.step(); opt.zero_grad()
+    time.sleep(0.002 if i < 12 else 0.025)  # from step 13 on, after the profiled steps 7-10
+"""
+
+
+@pytest.mark.parametrize("user", [None, "0"])
+def test_steps_after_profiling_are_timed_and_cupti_torn_down(tmp_path: Path, user: str | None) -> None:
+    script = write(tmp_path, "train.py", SLOWER_LATER)
+    env = {k: v for k, v in os.environ.items() if k != "TEARDOWN_CUPTI"}
+    if user is not None:
+        env["TEARDOWN_CUPTI"] = user
+    r = subprocess.run([sys.executable, "-m", "gpuprof.cli", "record", "--out", str(tmp_path / "run"), *FAST, "--",
+                        sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    m = manifest(tmp_path, "run")
+    assert m["profiler"]["teardown_cupti"] == ({"value": "1", "set_by": "gpuprof"} if user is None
+                                               else {"value": "0", "set_by": "environment"})
+    rank = m["ranks"][0]
+    assert rank["profiler_started_at_step"] == 7 and rank["profiled_steps"] == 4
+    # the check starts two steps after the stop (step 10) and times the next 20: steps 14-33
+    assert rank["after_profiling_timing"] == {"method": "host_clock", "steps": [14, 33],
+                                              "teardown_cupti": user or "1"}
+    assert m["unprofiled_step_ms"] < 20 < m["after_profiling_step_ms"] == rank["after_profiling_step_ms"]
+
+
 def test_exit_code_is_the_programs(tmp_path: Path) -> None:
     script = write(tmp_path, "train.py", TRAIN)
     r = record(tmp_path, "run", sys.executable, str(script), "20", "-1", "7", "0")

@@ -37,6 +37,13 @@ the autograd profiler, emit_nvtx/emit_itt) is left to it: gpuprof's profiler doe
 stops and discards its window, before the program's starts (two Kineto sessions in one process
 fail or crash), and the record says so. On exit, a crash, SIGTERM, SIGHUP or Ctrl-C, an active
 window is stopped and written, and the rank's record ``traces/{name}.meta.json`` is saved.
+
+After the profiler stops, the recorder times :data:`AFTER_STEPS` more steps (one window, the same
+CUDA events, :data:`AFTER_SKIP` steps after the stop so that the trace's export is not in it) and
+records them as ``after_profiling_step_ms``: whether the program went back to its unprofiled
+speed. It did not under torch 2.11 unless CUPTI is torn down at the profiler's stop, which the
+launcher asks for (``TEARDOWN_CUPTI=1``; docs/collector.md); the record keeps the value the
+process saw at the stop (torch sets ``0`` itself where CUDA graphs need it).
 """
 
 from __future__ import annotations
@@ -56,6 +63,8 @@ from typing import Any
 from gpuprof.record.window import Window
 
 _STATE: "Recorder | None" = None
+AFTER_SKIP = 2  # steps between the profiler's stop and the after-profiling check (the export runs in them)
+AFTER_STEPS = 20  # steps the after-profiling check times
 _EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
@@ -95,6 +104,8 @@ class Recorder:
         self.foreign: dict[str, Any] | None = None  # the program's own profiler, once seen
         self.own = 0  # > 0 while gpuprof itself drives torch.profiler
         self.discard = False
+        self.after: Window | None = None  # the steps timed after the profiler stopped
+        self.teardown_cupti: str | None = None  # TEARDOWN_CUPTI as this process saw it at the stop
 
     # --- steps -----------------------------------------------------------------------------
     def on_optimizer_step(self, optimizer: Any) -> None:
@@ -126,6 +137,9 @@ class Recorder:
     def step(self) -> None:
         self.steps += 1
         if self.finished:
+            a = self.after
+            if a is not None and a.due(self.steps):
+                a.mark(self.steps, self._after_event())
             return
         if self.prof is not None:
             self._advance()
@@ -182,6 +196,40 @@ class Recorder:
         except Exception as e:
             w.failed = f"CUDA events failed ({e.__class__.__name__}: {e})"
             return None
+
+    def _after_event(self) -> Any:
+        """A CUDA event for the after-profiling check, where the unprofiled window used them."""
+        if not self.window.cuda or self.window.failed:
+            return None
+        try:
+            import torch
+
+            cuda: Any = torch.cuda
+            dev = self.device if self.device is not None else torch.device("cuda", cuda.current_device())
+            ev = cuda.Event(enable_timing=True)
+            ev.record(cuda.current_stream(dev))
+            assert self.after is not None
+            self.after.cuda = True
+            return ev
+        except Exception as e:
+            if self.after is not None:
+                self.after.failed = f"CUDA events failed ({e.__class__.__name__}: {e})"
+            return None
+
+    def after_profiling(self, block: bool = False) -> tuple[float | None, dict[str, Any]]:
+        """The step time measured after the profiler stopped, and how (None: not, or not yet, timed)."""
+        a = self.after
+        if a is None or not a.chunks:
+            return None, {}
+        ms, info = a.result(block)
+        steps = info.get("window")
+        if a.failed or not a.cuda:
+            ms = info.get("host_step_ms")
+        if ms is None:
+            return None, {}
+        return ms, {"method": "cuda_events" if a.cuda and not a.failed else "host_clock",
+                    "steps": [steps["first_step"], steps["last_step"]] if steps else None,
+                    "teardown_cupti": self.teardown_cupti}
 
     def unprofiled(self, block: bool = False) -> tuple[float | None, dict[str, Any]]:
         ms, info = self.window.result(block)
@@ -271,6 +319,9 @@ class Recorder:
                     prof.stop()  # in an active window this writes the partial trace via on_trace_ready
             except Exception as e:
                 self._fail(f"profiler stop failed: {e.__class__.__name__}: {e}")
+            self.teardown_cupti = os.environ.get("TEARDOWN_CUPTI")
+            if not self.failures and not self.discard:
+                self.after = Window(self.steps + AFTER_SKIP + 1, AFTER_STEPS)
         self.write_record()
 
     def _fail(self, msg: str) -> None:
@@ -358,6 +409,9 @@ class Recorder:
                 "traces": self.traces, "status": status, "own_profiler": self.foreign,
                 "failures": self.failures,
             }
+            after_ms, after = self.after_profiling(block)
+            if after_ms is not None:
+                rec.update(after_profiling_step_ms=after_ms, after_profiling_timing=after)
             if self.rank is None:
                 del rec["rank"]  # readers take a missing rank as unknown; null would read as a number
             from gpuprof.record.manifest import write_json_atomic

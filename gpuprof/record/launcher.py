@@ -174,6 +174,11 @@ def record(cmd: list[str], opts: Options) -> int:
     resolve_command(cmd, env)  # before the folder exists: a command that cannot start leaves nothing
     run_dir, created = new_run_dir(opts.out)
     run_dir = run_dir.resolve()
+    # Kineto leaves CUPTI's callbacks subscribed after the profiler stops unless asked to tear it
+    # down; the rest of the run then launches every kernel slower (docs/collector.md). The user's
+    # own setting wins; torch itself sets 0 in-process where CUDA graphs need it.
+    teardown_source = "environment" if "TEARDOWN_CUPTI" in env else "gpuprof"
+    env.setdefault("TEARDOWN_CUPTI", "1")
     env["PYTHONPATH"] = os.pathsep.join([str(BOOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.update(GPUPROF_RUN_DIR=str(run_dir), GPUPROF_RECORD_SHAPES="1" if opts.record_shapes else "0",
                GPUPROF_WITH_STACK="1" if opts.with_stack else "0",
@@ -184,7 +189,8 @@ def record(cmd: list[str], opts: Options) -> int:
         "profiler": {"skip_steps": opts.skip, "timed_steps": opts.timed,
                      "timing_rule": "steady" if opts.timed is None else "fixed",
                      "schedule": {"wait": opts.wait, "warmup": opts.warmup, "active": opts.active, "repeat": opts.repeat},
-                     "record_shapes": opts.record_shapes, "with_stack": opts.with_stack},
+                     "record_shapes": opts.record_shapes, "with_stack": opts.with_stack,
+                     "teardown_cupti": {"value": env["TEARDOWN_CUPTI"], "set_by": teardown_source}},
         "failures": [],
     }
     group = _Group(opts.kill_after, run_dir)  # starts the watchdog, then becomes the subreaper

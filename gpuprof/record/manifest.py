@@ -2,10 +2,12 @@
 
 Schema (``schema_version`` 1): command, cwd, start_ns/end_ns (Unix ns), exit_code, signal, host,
 gpus [{index, name, uuid, driver}], torch, cuda, world_size, profiler {schedule, record_shapes,
-with_stack, skip_steps, timed_steps}, traces [{rank (absent when the process had none), pid, path}],
+with_stack, skip_steps, timed_steps, teardown_cupti {value, set_by}}, traces [{rank (absent when the process had none), pid, path}],
 unprofiled_step_ms (mean over ranks of the step time measured outside the profiled window),
 unprofiled_timing {method: "cuda_events" (the GPU timeline, one CUDA event at each end of the
 timed window) | "host_clock" (programs that do not use CUDA) | null (not timed), why, ranks},
+after_profiling_step_ms (mean over ranks of the step time measured in the steps after the profiler
+stopped: the same as unprofiled_step_ms when the profiler left the program as it found it),
 ranks [per-rank records, one per process that stepped, each named by its ``name``],
 processes_without_steps [{pid, program}] (only when no process stepped), nvml {path, hz,
 samples, metrics, unavailable}, failures [str].
@@ -123,6 +125,7 @@ def build(run_dir: Path, base: dict[str, Any], ranks: list[dict[str, Any]],
                       if isinstance(r.get("unprofiled_step_ms"), (int, float))})
     why = next(((r.get("unprofiled_timing") or {}).get("why") for r in ranks
                 if (r.get("unprofiled_timing") or {}).get("why")), None)
+    after = [r["after_profiling_step_ms"] for r in ranks if isinstance(r.get("after_profiling_step_ms"), (int, float))]
     first = next((r for r in ranks if r.get("torch")), {})
     if not ranks:
         failures.append(_no_steps(idle or []))
@@ -139,6 +142,7 @@ def build(run_dir: Path, base: dict[str, Any], ranks: list[dict[str, Any]],
         "unprofiled_step_ms": sum(timed) / len(timed) if timed else None,
         "unprofiled_timing": {"method": methods[0] if len(methods) == 1 else (methods or None), "why": why,
                               "ranks": len(timed)},
+        "after_profiling_step_ms": sum(after) / len(after) if after else None,
         "ranks": ranks,
         "failures": failures,
     }

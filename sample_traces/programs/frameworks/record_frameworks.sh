@@ -98,6 +98,9 @@ for name in ("lightning_resnet", "hf_trainer_gpt2", "accelerate_loop", "fsdp2", 
         "chunks_ms": [c.get("ms") for c in t.get("chunks", [])],
         "steps_seen": rank.get("steps_seen"), "own_optimizer_steps": own_rec.get("optimizer_steps"),
         "profiler_started_at_step": rank.get("profiler_started_at_step"),
+        "after_profiling_step_ms": m.get("after_profiling_step_ms"),
+        "after_profiling_steps": (rank.get("after_profiling_timing") or {}).get("steps"),
+        "teardown_cupti": (m.get("profiler") or {}).get("teardown_cupti"),
         "trace_kb_gz": [os.path.getsize(p) // 1024 for p in traces],
         "top_finding": top.get("title"), "top_finding_pct": top.get("estimated_savings_pct"),
         "failures": m.get("failures"), "model": own.get("model"),
@@ -105,13 +108,15 @@ for name in ("lightning_resnet", "hf_trainer_gpt2", "accelerate_loop", "fsdp2", 
 json.dump(rows, open(f"{R}/summary.json", "w"), indent=1)
 f = lambda v, n=2: "-" if v is None else (f"{v:.{n}f}" if isinstance(v, float) else str(v))
 lines = ["| program | own clock ms (plain run) | own clock ms (recorded run) | unprofiled_step_ms | ratio | "
-         "ratio same run | window (steps) | spread % | converged | steps seen / own | trace KB gz | top finding |",
-         "|" + "---|" * 12]
+         "ratio same run | window (steps) | spread % | converged | after profiling ms | steps seen / own | trace KB gz | "
+         "top finding |",
+         "|" + "---|" * 13]
 for r in rows:
     w = r["window"] or {}
     lines.append(f"| {r['program']} | {f(r['own_clock_ms'])} | {f(r['own_clock_recorded_run_ms'])} | "
                  f"{f(r['unprofiled_step_ms'])} | {f(r['ratio'], 3)} | {f(r['ratio_same_run'], 3)} | "
                  f"{w.get('first_step', '-')}-{w.get('last_step', '-')} | {f(r['spread_pct'])} | {f(r['converged'])} | "
+                 f"{f(r['after_profiling_step_ms'])} | "
                  f"{f(r['steps_seen'])} / {f(r['own_optimizer_steps'])} | {r['trace_kb_gz'] or '-'} | "
                  f"{(r['top_finding'] or '-')[:90]} ({f(r['top_finding_pct'], 1)} %) |")
 open(f"{R}/summary.md", "w").write("\n".join(lines) + "\n")
