@@ -27,9 +27,9 @@ def _own_clock_over(name: str, first: int, last: int) -> float:
     """The program's own clock over optimizer steps first..last of the recorded run (its intervals
     ending at those steps, none the profiler touched)."""
     own = json.loads((FRAMEWORKS / f"own_{name}_rec.json").read_text())
-    start = own["steps"][0]
+    start = own.get("per_step_from", own["steps"][0] + 1)  # per_step_ms[i] is step start + i
     per = [x for i, (x, prof) in enumerate(zip(own["per_step_ms"], own["profiled"]))
-           if first <= start + i + 1 <= last and not prof]
+           if first <= start + i <= last and not prof]
     return sum(per) / len(per) if per else float("nan")
 
 

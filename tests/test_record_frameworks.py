@@ -7,8 +7,11 @@ a compiled model) count exactly one step per optimizer step, the profiler's sche
 per step, and a trace is written.
 
 On a GPU (``pytest -m gpu``): each program at full size, once plain and once recorded: the
-recorder's ``unprofiled_step_ms`` is within 5 % of the program's own clock (CUDA events over its
-steps 60-100) and the timing converged.
+recorder's ``unprofiled_step_ms`` is within 5 % of the recorded program's own clock (CUDA events)
+over the same steps, the steps after profiling were timed with CUPTI torn down, and the timing
+converged. The plain run's clock is printed beside them, not held to 5 %: on the lent H200 a
+host-bound program's speed moves by up to 30 % from one process to the next
+(sample_traces/README.md, "Programs as users run them").
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ def test_framework_dry_run_counts_one_step_per_optimizer_step(tmp_path: Path, na
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(CASES))
 def test_framework_unprofiled_step_matches_its_own_clock(tmp_path: Path, name: str) -> None:
-    """#25: the recorder's steady-state figure within 5 % of the plain program's own clock."""
+    """#25: the recorder's steady-state figure within 5 % of the program's own clock on the same steps."""
     plain = tmp_path / f"{name}.plain.json"
     r = subprocess.run([sys.executable, *CASES[name][1], "--timing-out", str(plain)], capture_output=True, text=True,
                        timeout=600, cwd=tmp_path, env={**os.environ, "NCCL_NVLS_ENABLE": "0"})
@@ -82,4 +85,8 @@ def test_framework_unprofiled_step_matches_its_own_clock(tmp_path: Path, name: s
                       "unprofiled_step_ms": got, "timing": timing}, indent=1))
     assert timing["method"] == "cuda_events" and timing["converged"] is True, timing
     assert m["ranks"][0]["steps_seen"] == rec_own["optimizer_steps"]
-    assert abs(got - own) <= 0.05 * own, (got, own)
+    w, start = timing["window"], rec_own["per_step_from"]
+    same = [x for i, (x, prof) in enumerate(zip(rec_own["per_step_ms"], rec_own["profiled"]))
+            if w["first_step"] <= start + i <= w["last_step"] and not prof]
+    assert same and abs(got - sum(same) / len(same)) <= 0.05 * sum(same) / len(same), (got, same, w)
+    assert m["profiler"]["teardown_cupti"]["value"] == "1" and m["after_profiling_step_ms"] > 0, m["profiler"]

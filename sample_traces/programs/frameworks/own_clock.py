@@ -1,14 +1,15 @@
 """The programs' own steady-state clock, to set beside ``gpuprof record``'s ``unprofiled_step_ms``.
 
 Each program calls :meth:`OwnClock.step_done` at the end of every optimizer step (its own count,
-1-based). From step ``first`` to the last it records one CUDA event at each step end on the
+1-based). From step 1 to the last it records one CUDA event at each step end on the
 current stream (the GPU timeline, as the recorder times it; on CPU, the host clock) and whether
 torch.profiler was running then, synchronises only when the program ends, and prints one
 machine-readable line::
 
     OWN_CLOCK {"program": ..., "step_ms": ..., "steps": [first, last], "per_step_ms": [...], ...}
 
-and writes the same object to ``--timing-out``. ``step_ms`` is the mean over every step after
+and writes the same object to ``--timing-out`` (``per_step_ms[i]`` is step ``per_step_from + i``, so
+the recorder's window can be set beside the same steps). ``step_ms`` is the mean over every step after
 ``first`` that the profiler did not touch: a step is left out when the profiler ran at its start
 or its end, and so are the :data:`AFTER_PROFILER` steps after the profiler stopped (its trace is
 exported then). So in a recorded run the clock is the program's whole unprofiled steady state,
@@ -77,7 +78,7 @@ class OwnClock:
     def step_done(self, step: int | None = None) -> None:
         """The end of optimizer step ``step`` (default: the next one)."""
         self.steps = step if step is not None else self.steps + 1
-        if self.args.first <= self.steps <= self.args.last and len(self.marks) == self.steps - self.args.first:
+        if self.steps <= self.args.last and len(self.marks) == self.steps - 1:  # every step from the first
             if self.cuda:
                 ev = torch.cuda.Event(enable_timing=True)
                 ev.record()
@@ -90,22 +91,23 @@ class OwnClock:
         doc: dict[str, Any] = {"program": self.name, "device": self.args.device, "tiny": self.args.tiny,
                                "optimizer_steps": self.steps, "steps": [self.args.first, self.args.last],
                                "wall_s": round(time.perf_counter() - self.t0, 2), **self.extra, **extra}
-        if len(self.marks) == self.args.last - self.args.first + 1:
+        if len(self.marks) == self.args.last:
             if self.cuda:
                 self.marks[-1].synchronize()
                 every = [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:])]
             else:
                 every = [(b - a) * 1000.0 for a, b in zip(self.marks, self.marks[1:])]
-            touched = [False] * len(every)  # interval i: from the end of step first+i to that of the next
+            touched = [False] * len(every)  # interval i: from the end of step 1+i to that of step 2+i
             for i in range(len(every)):
                 near = self.profiled[max(i + 1 - AFTER_PROFILER, 0):i + 2]
                 touched[i] = any(near)
-            per = [x for x, t in zip(every, touched) if not t]
+            # the clock: the intervals ending at steps first+1..last that the profiler did not touch
+            per = [x for i, (x, t) in enumerate(zip(every, touched)) if not t and i + 2 > self.args.first]
             doc.update(step_ms=sum(per) / len(per) if per else None,
                        median_ms=statistics.median(per) if per else None,
                        stddev_ms=statistics.stdev(per) if len(per) > 1 else 0.0,
                        steps_clocked=len(per), steps_profiled_left_out=sum(touched),
-                       per_step_ms=[round(x, 4) for x in every], profiled=[bool(t) for t in touched])
+                       per_step_from=2, per_step_ms=[round(x, 4) for x in every], profiled=[bool(t) for t in touched])
         else:
             doc.update(step_ms=None, why=f"the program made {self.steps} optimizer steps, fewer than {self.args.last}")
         print("OWN_CLOCK " + json.dumps({k: v for k, v in doc.items() if k != "per_step_ms"}), flush=True)
