@@ -517,7 +517,9 @@ def plan(v: RankView, claims: Sequence[Claimed], unprofiled_step_ms: float | Non
     cats: dict[str, str] = {}
     conf: dict[str, str] = {}
     for c in claims:
-        u = c.kept
+        # a whole-GPU condition (clocks held down) scales each of its kernels by its own factor
+        # after the owners' fixes, so applied with them it counts only what they left
+        u = c.asked if c.scale is not None else c.kept
         if c.informational or c.category in CROSS_RANK or not u:
             continue
         units.setdefault(c.id, {}).update(u)
