@@ -4,7 +4,10 @@ gpu_throttling — Trigger: samples taken while the GPU works (utilisation ≥ 5
 the profiled window itself is too short and follows a profiler pause) whose clock-event reasons
 hold the clock down (SW power cap, HW slowdown, thermal, power brake). Estimate: compute-bound
 kernel time scales with the SM clock, so it would shrink by (1 − mean held clock / max clock) over
-the held share of busy time; memory-bound time is left as is.
+the held share of busy time; memory-bound time is left as is. The clock is a whole-GPU condition,
+not work some kernels own: the finding claims no kernel from the others and counts that share of
+what their fixes leave of each kernel (an FP8 GEMM still runs at the held clock); applied together
+the factors multiply, so nothing is counted twice (``gpuprof.claims.Candidate.scale``).
 
 memory_capacity — informational: peak memory near capacity (≥ ``NEAR`` %: little headroom,
 fragmentation and OOM risk) or far below it (≤ ``ROOM`` %: room for a larger batch or fewer
@@ -47,7 +50,11 @@ def gpu_throttling(v: RankView) -> list[Candidate]:
     k = v.kernels
     compute = k[k["bound"] == "compute"]
     share = float(held.mean())
-    saved = compute["dur"] * share * (1.0 - clock / top)
+    # the clock is the whole GPU's, not a defect of some kernels: the saving is a share of each
+    # compute-bound kernel's time, of whatever another finding's fix leaves of it (an FP8 GEMM
+    # still runs at the held clock), so it claims no kernel from them (Candidate.scale)
+    scale = share * (1.0 - clock / top)
+    saved = compute["dur"] * scale
     names = sorted({REASONS[b] for b in REASONS if (b & THROTTLE_MASK) and ((reasons & b) != 0).any()})
     s = summarize(w, r.nvml_period_s)
     out.append(Candidate(
@@ -58,13 +65,13 @@ def gpu_throttling(v: RankView) -> list[Candidate]:
         recommendation="Check power and cooling (nvidia-smi -q -d PERFORMANCE,POWER,TEMPERATURE); a dense "
                        "GEMM loop at the power cap is expected on Hopper, and then FP8 or fewer wasted FLOPs "
                        "lower the power per step; thermal or HW slowdown points at cooling or the node.",
-        units=v.kernel_units(compute.index, saved),
+        units=v.kernel_units(compute.index, saved), scale=scale,
         evidence={"rank": v.rank, "sm_clock_mhz_when_held": round(float(clock), 1), "sm_clock_mhz_max": float(top),
                   "held_pct_of_busy_time": round(100 * share, 1), "reasons": s["clock_event_reasons"],
                   "power_w_mean": s["power_w_mean"], "power_limit_w": s["power_limit_w"],
                   "compute_bound_ms_per_step": round(float(compute["dur"].sum()) / v.n_steps / 1000, 3),
                   "estimate": "compute-bound kernel time scales with the SM clock over the held share "
-                              "of busy time"}))
+                              "of busy time, of what the other findings' fixes leave of each kernel"}))
     return out
 
 

@@ -8,9 +8,11 @@ an idle gap on the GPU timeline ``("gap", rank, i)`` (row ``i`` of the rank's cl
 its fix would shorten to the µs it would save there (summed over the profiled steps): the
 description of the fix that the replay prices (:mod:`gpuprof.replay.fixes`). :func:`claim` gives
 each unit to the first finding that claims it, so overlapping findings (a softmax that is both
-unfused attention and an elementwise chain) never count the same time twice; :func:`merge` turns
-the ranks' shares into one :class:`~gpuprof.findings.Finding` each; :func:`rank_findings` orders
-them and :func:`split_notes` sets apart those that save next to nothing.
+unfused attention and an elementwise chain) never count the same time twice (a whole-GPU
+condition, :attr:`Candidate.scale`, owns no unit and counts a share of what the owners leave);
+:func:`merge` turns the ranks' shares into one :class:`~gpuprof.findings.Finding` each;
+:func:`rank_findings` orders them and :func:`split_notes` sets apart those that save next to
+nothing.
 """
 
 from __future__ import annotations
@@ -45,6 +47,11 @@ class Candidate:
     #: ``analyzers.compile_fusion.inductor_plan`` models Inductor. The replay runs each group as one
     #: kernel (gpuprof.replay.fixes).
     regroup: pd.DataFrame | None = field(default=None, compare=False, repr=False)
+    #: A whole-GPU condition (clocks held below their maximum: ``gpu_throttling``), not work a fix
+    #: removes: the share of each unit's time it would save, of whatever the findings that own the
+    #: unit leave of it. Such a candidate owns no unit: it is claimed after every other one, takes
+    #: no unit from them, and counts on each unit ``scale`` × what they left there.
+    scale: float | None = None
 
 
 @dataclass(frozen=True)
@@ -77,7 +84,9 @@ def claim(rank: int, candidates: Sequence[Candidate], n_steps: int) -> list[Cont
     share. Order: specific before generic (idle gaps between an unfused optimizer's kernels belong
     to "fuse the optimizer", not to "launch overhead"), then by ``priority_ms`` (a cross-rank
     finding's saving for the whole job) or else the finding's own saving per step on this rank,
-    largest first. Units claimed with 0 µs are still taken from later findings."""
+    largest first. Units claimed with 0 µs are still taken from later findings. A whole-GPU
+    condition (:attr:`Candidate.scale`) comes last and keeps every unit at its share of what the
+    owners left there, so the findings' savings add up to the fixes applied together."""
     out = []
     for c, kept in _assign(candidates, n_steps):
         out.append(Contribution(id=c.id, category=c.category, title=c.title, confidence=c.confidence,
@@ -89,15 +98,19 @@ def claim(rank: int, candidates: Sequence[Candidate], n_steps: int) -> list[Cont
 
 def _assign(candidates: Sequence[Candidate], n_steps: int) -> list[tuple[Candidate, dict[Unit, float]]]:
     """Each candidate in claim order with the units it keeps (see :func:`claim`)."""
-    def key(c: Candidate) -> tuple[bool, float, str]:
+    def key(c: Candidate) -> tuple[bool, bool, float, str]:
         p = c.priority_ms if c.priority_ms is not None else sum(c.units.values()) / n_steps / 1000.0
-        return (c.generic, -p, c.id)
+        return (c.scale is not None, c.generic, -p, c.id)
 
-    claimed: set[Unit] = set()
+    taken: dict[Unit, float] = {}  # µs each owned unit's owner saves there
     out = []
     for c in sorted(candidates, key=key):
-        kept = {u: v for u, v in c.units.items() if u not in claimed}
-        claimed.update(kept)
+        if c.scale is not None:
+            s = c.scale
+            kept = {u: max(v - s * taken.get(u, 0.0), 0.0) for u, v in c.units.items()}
+        else:
+            kept = {u: v for u, v in c.units.items() if u not in taken}
+            taken.update(kept)
         out.append((c, kept))
     return out
 
@@ -118,12 +131,16 @@ class Claimed:
     kept: dict[Unit, float]
     asked: dict[Unit, float]
     regroup: pd.DataFrame | None = field(default=None, compare=False, repr=False)
+    #: :attr:`Candidate.scale` (a whole-GPU condition): ``asked`` then holds every unit at its
+    #: share of the unit's whole time, the factor the replay applies after the owners' fixes
+    scale: float | None = None
 
 
 def claimed(candidates: Sequence[Candidate], n_steps: int) -> tuple[Claimed, ...]:
     """Each candidate in claim order with the units it keeps (see :func:`claim`)."""
     return tuple(Claimed(c.id, c.category, c.confidence, c.informational, c.priority_ms, kept,
-                         c.units if len(kept) < len(c.units) else kept, c.regroup)
+                         c.units if len(kept) < len(c.units) or c.scale is not None else kept, c.regroup,
+                         c.scale)
                  for c, kept in _assign(candidates, n_steps))
 
 
@@ -165,12 +182,13 @@ class ClaimedRecord:
     kept: pd.DataFrame
     asked: pd.DataFrame | None
     regroup: pd.DataFrame | None
+    scale: float | None = None
 
 
 def to_records(claims: Sequence[Claimed]) -> tuple[ClaimedRecord, ...]:
     return tuple(ClaimedRecord(c.id, c.category, c.confidence, c.informational, c.priority_ms,
                                _units_frame(c.kept), None if c.asked is c.kept else _units_frame(c.asked),
-                               c.regroup) for c in claims)
+                               c.regroup, c.scale) for c in claims)
 
 
 def from_records(records: Sequence[ClaimedRecord]) -> tuple[Claimed, ...]:
@@ -178,7 +196,7 @@ def from_records(records: Sequence[ClaimedRecord]) -> tuple[Claimed, ...]:
     for r in records:
         kept = _frame_units(r.kept)
         out.append(Claimed(r.id, r.category, r.confidence, r.informational, r.priority_ms, kept,
-                           kept if r.asked is None else _frame_units(r.asked), r.regroup))
+                           kept if r.asked is None else _frame_units(r.asked), r.regroup, r.scale))
     return tuple(out)
 
 

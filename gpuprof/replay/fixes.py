@@ -97,10 +97,13 @@ class Plan:
     alone: dict[str, dict[tuple[Any, ...], float]] = field(default_factory=dict)
     #: Per finding id, a regrouping fix's new kernels (:attr:`gpuprof.claims.Candidate.regroup`)
     regroups: dict[str, pd.DataFrame] = field(default_factory=dict)
+    #: Findings applied after every other one: a whole-GPU condition (clocks held down,
+    #: :attr:`gpuprof.claims.Candidate.scale`) scales the kernels as the other fixes leave them
+    last: frozenset[str] = frozenset()
 
     def applied(self, ids: Sequence[str], free: bool = False) -> Graph:
         g = self.free_graph if free and self.free_graph is not None else self.graph
-        for i in sorted(set(i for i in ids if i in self.units)):
+        for i in sorted(set(i for i in ids if i in self.units), key=lambda i: (i in self.last, i)):
             g = apply(g, self.view, self.categories[i], self.units[i], self.regroups.get(i))
         return g
 
@@ -517,7 +520,9 @@ def plan(v: RankView, claims: Sequence[Claimed], unprofiled_step_ms: float | Non
     cats: dict[str, str] = {}
     conf: dict[str, str] = {}
     for c in claims:
-        u = c.kept
+        # a whole-GPU condition (clocks held down) scales each of its kernels by its own factor
+        # after the owners' fixes, so applied with them it counts only what they left
+        u = c.asked if c.scale is not None else c.kept
         if c.informational or c.category in CROSS_RANK or not u:
             continue
         units.setdefault(c.id, {}).update(u)
@@ -525,7 +530,9 @@ def plan(v: RankView, claims: Sequence[Claimed], unprofiled_step_ms: float | Non
         if c.priority_ms == 0.0 and len(u) < len(c.asked):
             alone.setdefault(c.id, {}).update(c.asked)
     regroups = {c.id: c.regroup for c in claims if c.id in units and c.regroup is not None}
-    p = Plan(g, v, units, cats, conf, 0.0, raw, free, hb.floor_us, bool(unprofiled_step_ms), alone=alone, regroups=regroups)
+    last = frozenset(c.id for c in claims if c.id in units and c.scale is not None)
+    p = Plan(g, v, units, cats, conf, 0.0, raw, free, hb.floor_us, bool(unprofiled_step_ms), alone=alone,
+             regroups=regroups, last=last)
     try:
         before = p.after_ms([])
     except GpuprofError:
