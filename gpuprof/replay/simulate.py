@@ -22,11 +22,21 @@ longest-path times are the one fixed point. Three ways to reach it (:func:`simul
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from gpuprof.errors import GpuprofError
 from gpuprof.replay.graph import Graph
+
+_native_in_order: Any
+try:
+    from gpuprof.replay.native._solve import in_order as _native_in_order
+except ImportError:  # not compiled (the extension is optional): the same rounds in numpy, slower
+    _native_in_order = None
+
+#: Whether :func:`_in_order` runs its rounds in C (``native/_solve.c``; the same floats as the numpy loop).
+NATIVE = _native_in_order is not None
 
 MAX_PASSES = 100_000
 #: Items (host calls and GPU activities) per window of the time-ordered sweep.
@@ -241,9 +251,7 @@ def _as_traced(g: Graph, max_passes: int = 4) -> Times | None:
     full_a = [(int(lo), int(hi)) for lo, hi in zip(ab[:-1], ab[1:])]
     for passes in range(1, max_passes + 1):
         before = (st.hs.copy(), st.he.copy(), st.as_.copy(), st.ae.copy())
-        moved = st.host(full_h)
-        moved = st.gpu(full_a) or moved
-        if moved:
+        if st.host(full_h) or st.gpu(full_a):  # a host that moved needs no GPU pass to say so
             return None
         if all(np.array_equal(x, y) for x, y in zip(before, (st.hs, st.he, st.as_, st.ae))):
             break
@@ -356,15 +364,62 @@ def _chains(g: Graph) -> list[_Chain]:
     return chains
 
 
-def _in_order(g: Graph) -> Times | None:
+def _native_rounds(g: Graph, hv: np.ndarray, av: np.ndarray) -> int | None:
+    """:func:`_in_order`'s rounds in C (``native/_solve.c``), ``hv``/``av`` solved in place. The
+    graph goes over as the half-item arrays :func:`_chains` builds per chain, laid out like
+    ``hv``/``av`` (a row per kind of outside edge, "no edge" where a half has none of that kind),
+    each chain's cumulative weights summed per chain as :class:`_Chain` sums them. The number of
+    rounds, or None (no chain could go on: a cycle)."""
+    nh, na = 2 * g.n_host, 2 * g.n_acts
+    hb, ab = 2 * _segments(g.h_first), 2 * _segments(g.a_first)
+
+    def acc(w: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+        out = np.empty(len(w))
+        for lo, hi in zip(bounds[:-1], bounds[1:]):  # chains are few
+            a = np.cumsum(w[lo:hi])
+            a -= w[lo]  # the first item takes no edge from before its chain
+            out[lo:hi] = a
+        return out
+
+    def edge(n: int, at: slice, to: np.ndarray, src: np.ndarray, w: np.ndarray, none: int
+             ) -> tuple[np.ndarray, np.ndarray]:
+        s, x = np.full(n, none, dtype=np.int64), np.zeros(n)
+        s[at], x[at] = np.where(to >= 0, src, none), np.where(to >= 0, w, 0.0)
+        return s, x
+
+    const_h = np.full(nh, -np.inf)
+    const_h[hb[:-1]] = g.h_ts[hb[:-1] // 2]  # the first call of a rank starts as traced
+    const_a = np.full(na, -np.inf)
+    root = g.a_first & (g.a_launch < 0) & (g.a_dep < 0)
+    const_a[0::2] = np.where(root, g.a_ts, -np.inf)
+    starts, ends = slice(0, None, 2), slice(1, None, 2)
+    h_in = [edge(nh, starts, g.h_bp, 2 * g.h_bp + 1, g.h_bpw, na),  # a full queue's slot (activity side)
+            edge(nh, ends, g.h_wait, 2 * g.h_wait + 1, g.h_tail, na)]  # a wait
+    a_in = [edge(na, starts, g.a_launch, 2 * g.a_launch, g.a_lat, nh),  # the launch (host side)
+            edge(na, starts, g.a_dep, 2 * g.a_dep + 1, g.a_depw, na)]  # another stream's work
+    rounds = int(_native_in_order(
+        hv, av, hb.astype(np.int64), ab.astype(np.int64),
+        acc(_interleave(g.h_gap, g.h_dur), hb), acc(_interleave(g.a_sgap, g.a_dur), ab), const_h, const_a,
+        np.concatenate([s for s, _ in h_in]), np.concatenate([x for _, x in h_in]), np.array([0, 0], dtype=np.int64),
+        np.concatenate([s for s, _ in a_in]), np.concatenate([x for _, x in a_in]), np.array([1, 0], dtype=np.int64)))
+    return rounds if rounds >= 0 else None
+
+
+def _in_order(g: Graph, native: bool = NATIVE) -> Times | None:
     """Longest-path times of ``g`` solved in dependency order: each chain is solved as far as its
     outside inputs are final (one scan of that stretch), round after round, so every half-item
     is computed once, from final inputs. A sync costs one round (the host up to the call, the
     GPU up to the work it waits for), a few scans of the stretch between syncs, not a pass over
     a window. ``None`` when no chain can go on before all are solved (a cycle: the windowed
-    passes say so)."""
+    passes say so). ``native``: the rounds in C (:data:`NATIVE`), the same floats as the numpy
+    loop below (one max, subtraction and addition per value, in the same order)."""
     hv = np.r_[_interleave(g.h_ts, g.h_end), -np.inf]  # the last slot: "no edge"
     av = np.r_[_interleave(g.a_ts, g.a_end), -np.inf]
+    if native and _native_in_order is not None and (g.n_host or g.n_acts):
+        got = _native_rounds(g, hv, av)
+        if got is None:
+            return None
+        return Times(hv[0:-1:2].copy(), hv[1:-1:2].copy(), av[0:-1:2].copy(), av[1:-1:2].copy(), got)
     chains = _chains(g)
     n_host_chains = int(g.h_first.sum())
     rounds = 0
