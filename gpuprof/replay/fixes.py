@@ -588,18 +588,20 @@ def host_free(g: Graph) -> Graph:
     return tf.shrink_host(g, np.ones(g.n_host, dtype=bool), 0.0)
 
 
-def plan(v: RankView, claims: Sequence[Claimed], unprofiled_step_ms: float | None) -> Plan | None:
+def plan(v: RankView, claims: Sequence[Claimed], unprofiled_step_ms: float | None, raw: Graph | None = None
+         ) -> Plan | None:
     """The rank's deflated graph and each finding's kept units (the rank's claims after
     :func:`gpuprof.claims.claimed`); ``None`` when the rank has no graph to replay (no runtime
     calls or GPU work) or the replay fails. Cross-rank findings (``CROSS_RANK``) are left out: a
-    rank's graph cannot see when the other ranks arrive."""
+    rank's graph cannot see when the other ranks arrive. ``raw``: the rank's graph as traced
+    (``build([v.trace])``) where it was built already."""
     t = v.trace
     if not len(t.runtime) or not (len(t.kernels) + len(t.memcpys)):
         return None
     from gpuprof.hostcost import bracket_cost_us
 
     try:
-        raw = build([t])
+        raw = build([t]) if raw is None else raw
         hb = host_bounds(raw, unprofiled_step_ms, bracket_cost_us(t))
         g = hb.apply(raw)
         free = None if hb.identified else host_free(raw)
