@@ -62,6 +62,19 @@ def test_native_rounds_give_the_numpy_floats(name: str) -> None:
 
 
 @needs_native
+def test_native_rounds_on_several_host_chains() -> None:
+    """Two traces side by side on one clock (two host chains, not coupled), as ``build`` makes them."""
+    a, b = (load_trace(SAMPLES / n) for n in ("gpt_host_sync.json.gz", "ddp_slow_rank/rank1.json.gz"))
+    g = build([a, b])
+    assert int(g.h_first.sum()) == 2
+    for x in _changed(g):
+        got, want = simulate._in_order(x, native=True), simulate._in_order(x, native=False)
+        assert (got is None) == (want is None)
+        if got is not None:
+            _same(got, want)
+
+
+@needs_native
 def test_native_rounds_say_when_no_chain_can_go_on() -> None:
     path = SAMPLES / "gpt_host_sync.json.gz"
     g = build([load_trace(path)])

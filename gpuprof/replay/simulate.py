@@ -365,43 +365,19 @@ def _chains(g: Graph) -> list[_Chain]:
 
 
 def _native_rounds(g: Graph, hv: np.ndarray, av: np.ndarray) -> int | None:
-    """:func:`_in_order`'s rounds in C (``native/_solve.c``), ``hv``/``av`` solved in place. The
-    graph goes over as the half-item arrays :func:`_chains` builds per chain, laid out like
-    ``hv``/``av`` (a row per kind of outside edge, "no edge" where a half has none of that kind),
-    each chain's cumulative weights summed per chain as :class:`_Chain` sums them. The number of
-    rounds, or None (no chain could go on: a cycle)."""
-    nh, na = 2 * g.n_host, 2 * g.n_acts
-    hb, ab = 2 * _segments(g.h_first), 2 * _segments(g.a_first)
+    """:func:`_in_order`'s rounds in C (``native/_solve.c``), ``hv``/``av`` solved in place from the
+    graph's own arrays (the chains :func:`_chains` builds, built there). The number of rounds, or
+    None (no chain could go on: a cycle)."""
+    f64, i64 = np.float64, np.int64
 
-    def acc(w: np.ndarray, bounds: np.ndarray) -> np.ndarray:
-        out = np.empty(len(w))
-        for lo, hi in zip(bounds[:-1], bounds[1:]):  # chains are few
-            a = np.cumsum(w[lo:hi])
-            a -= w[lo]  # the first item takes no edge from before its chain
-            out[lo:hi] = a
-        return out
+    def c(x: np.ndarray, dtype: Any) -> np.ndarray:
+        return np.ascontiguousarray(x, dtype=dtype)
 
-    def edge(n: int, at: slice, to: np.ndarray, src: np.ndarray, w: np.ndarray, none: int
-             ) -> tuple[np.ndarray, np.ndarray]:
-        s, x = np.full(n, none, dtype=np.int64), np.zeros(n)
-        s[at], x[at] = np.where(to >= 0, src, none), np.where(to >= 0, w, 0.0)
-        return s, x
-
-    const_h = np.full(nh, -np.inf)
-    const_h[hb[:-1]] = g.h_ts[hb[:-1] // 2]  # the first call of a rank starts as traced
-    const_a = np.full(na, -np.inf)
-    root = g.a_first & (g.a_launch < 0) & (g.a_dep < 0)
-    const_a[0::2] = np.where(root, g.a_ts, -np.inf)
-    starts, ends = slice(0, None, 2), slice(1, None, 2)
-    h_in = [edge(nh, starts, g.h_bp, 2 * g.h_bp + 1, g.h_bpw, na),  # a full queue's slot (activity side)
-            edge(nh, ends, g.h_wait, 2 * g.h_wait + 1, g.h_tail, na)]  # a wait
-    a_in = [edge(na, starts, g.a_launch, 2 * g.a_launch, g.a_lat, nh),  # the launch (host side)
-            edge(na, starts, g.a_dep, 2 * g.a_dep + 1, g.a_depw, na)]  # another stream's work
     rounds = int(_native_in_order(
-        hv, av, hb.astype(np.int64), ab.astype(np.int64),
-        acc(_interleave(g.h_gap, g.h_dur), hb), acc(_interleave(g.a_sgap, g.a_dur), ab), const_h, const_a,
-        np.concatenate([s for s, _ in h_in]), np.concatenate([x for _, x in h_in]), np.array([0, 0], dtype=np.int64),
-        np.concatenate([s for s, _ in a_in]), np.concatenate([x for _, x in a_in]), np.array([1, 0], dtype=np.int64)))
+        hv, av, _segments(g.h_first).astype(i64), _segments(g.a_first).astype(i64),
+        c(g.h_gap, f64), c(g.h_dur, f64), c(g.h_ts, f64), c(g.h_bp, i64), c(g.h_bpw, f64), c(g.h_wait, i64),
+        c(g.h_tail, f64), c(g.a_sgap, f64), c(g.a_dur, f64), c(g.a_ts, f64), c(g.a_launch, i64), c(g.a_lat, f64),
+        c(g.a_dep, i64), c(g.a_depw, f64), c(g.a_first, np.bool_).view(np.uint8)))
     return rounds if rounds >= 0 else None
 
 
