@@ -15,14 +15,22 @@ the figures are printed as one JSON object per trace (``benchmarks/matrix.py`` r
 A regression in one analyzer shows as its own line growing, whatever the others do.
 
     python -m benchmarks.stages sample_traces/h200/gpt_host_sync.json.gz [more traces...] [--json]
+    python -m benchmarks.stages TRACE --against OTHER_VENV/bin/python --repeat 5
+
+With ``--against`` each trace is timed by this tree's gpuprof and by the one ``OTHER`` imports (run
+from a temporary folder, so no source tree shadows its install), interleaved ``--repeat`` times
+(the order swapped each round: this 2-core machine drifts by ±20 %), and the median CPU time of
+each stage is printed for both.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,9 +141,10 @@ print(json.dumps({"events": n_events, "kernels": len(trace.kernels), "seconds": 
 """
 
 
-def measure(path: str | Path, python: str = sys.executable) -> dict[str, object]:
-    """The stage times of one trace, in a fresh process."""
-    r = subprocess.run([python, "-c", CHILD, str(path)], capture_output=True, text=True, cwd=ROOT)
+def measure(path: str | Path, python: str = sys.executable, cwd: str | Path = ROOT) -> dict[str, object]:
+    """The stage times of one trace, in a fresh process (run in ``cwd``: this tree, whose gpuprof
+    it imports, unless another install is timed)."""
+    r = subprocess.run([python, "-c", CHILD, str(Path(path).resolve())], capture_output=True, text=True, cwd=cwd)
     if r.returncode != 0:
         return {"error": (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]}
     out: dict[str, object] = json.loads(r.stdout.strip().splitlines()[-1])
@@ -146,7 +155,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("traces", nargs="+")
     p.add_argument("--json", action="store_true", help="one JSON object per trace instead of a table")
+    p.add_argument("--against", help="another Python whose gpuprof is timed beside this tree's, interleaved")
+    p.add_argument("--repeat", type=int, default=1, help="with --against: rounds per trace (medians printed)")
     a = p.parse_args()
+    if a.against:
+        for path in a.traces:
+            against(path, a.against, a.repeat)
+        return
     for path in a.traces:
         m = measure(path)
         if a.json:
@@ -167,6 +182,31 @@ def main() -> None:
               f"{total:8.3f} s  peak RSS {m['peak_rss_mb']:.0f} MB")
         print(f"  load / bare decode: {cpu['load'] / cpu['bare msgspec decode']:.2f}x CPU time "
               f"({secs['load'] / secs['bare msgspec decode']:.2f}x wall)")
+
+
+def against(path: str, other: str, repeat: int) -> None:
+    """Median CPU per stage of ``path`` by this tree's gpuprof and ``other``'s, interleaved."""
+    runs: dict[str, list[dict[str, float]]] = {"this": [], "against": []}
+    with tempfile.TemporaryDirectory(prefix="gpuprof-stages-") as tmp:
+        for i in range(repeat):
+            order = [("this", sys.executable, ROOT), ("against", other, Path(tmp))]
+            for label, python, cwd in order if i % 2 == 0 else order[::-1]:
+                m = measure(path, python, cwd)
+                if "error" in m:
+                    print(f"{path}: {label} failed: {m['error']}")
+                    return
+                cpu = m["cpu_seconds"]
+                assert isinstance(cpu, dict)
+                runs[label].append(cpu)
+    print(f"{path}: median CPU of {repeat} interleaved runs (this tree / {other})")
+    for k in runs["this"][0]:
+        this = [r[k] for r in runs["this"]]
+        other_s = [r.get(k, float("nan")) for r in runs["against"]]
+        print(f"  {k:34} {statistics.median(this):8.3f} s  {statistics.median(other_s):8.3f} s   "
+              f"(this {', '.join(f'{x:.2f}' for x in this)}; against {', '.join(f'{x:.2f}' for x in other_s)})")
+    total = [sum(v for k, v in r.items() if k != "bare msgspec decode") for r in runs["this"]]
+    total_o = [sum(v for k, v in r.items() if k != "bare msgspec decode") for r in runs["against"]]
+    print(f"  {'total (without the bare decode)':34} {statistics.median(total):8.3f} s  {statistics.median(total_o):8.3f} s")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from gpuprof.trace.model import RankTrace
 if TYPE_CHECKING:
     from gpuprof.analyzers.distributed import CrossCandidate
     from gpuprof.replay.fixes import Plan
+    from gpuprof.replay.graph import Graph
     from gpuprof.replay.job import RankGraph
 
 
@@ -232,10 +233,11 @@ OutcomeRecord = tuple[list[Contribution], tuple[ClaimedRecord, ...], float | Non
 
 
 def analyse_rank(view: RankView, part: RankPart, active: Sequence[Any], cross: Sequence[CrossCandidate],
-                 alone: bool) -> RankOutcome:
+                 alone: bool, graph: Graph | None = None) -> RankOutcome:
     """One rank analysed: the analyzers in ``active`` describe their candidates on ``view``, joined
     by the rank's share of the cross-rank findings (``cross``); each unit goes to the first finding
-    that claims it; every fix is priced on the rank's replay plan (:func:`gpuprof.pricing.price_rank`).
+    that claims it; every fix is priced on the rank's replay plan (:func:`gpuprof.pricing.price_rank`),
+    made on ``graph`` where the rank's dependency graph was built already (for the job's replay).
     A rank that is the whole job (``alone``) also projects its fixes applied together."""
     from gpuprof import pricing
     from gpuprof.analyzers.distributed import to_candidate
@@ -244,7 +246,7 @@ def analyse_rank(view: RankView, part: RankPart, active: Sequence[Any], cross: S
     candidates = [c for a in active if a.run is not None for c in a.run(view)]
     candidates.extend(to_candidate(cc, view) for cc in cross)
     claims = claimed(candidates, part.n_steps)
-    plan = fixes.plan(view, claims, part.unprofiled_step_ms)
+    plan = fixes.plan(view, claims, part.unprofiled_step_ms, graph)
     contributions = pricing.price_rank(plan, claim(part.rank, candidates, part.n_steps), part)
     figures = None
     if alone:
@@ -257,18 +259,20 @@ def analyse_rank(view: RankView, part: RankPart, active: Sequence[Any], cross: S
 
 
 def rank_job(job: Job, part: RankPart, active: Sequence[str], cross: Sequence[CrossCandidate], alone: bool,
-             store: Store | None = None) -> RankOutcome:
+             graph: RankGraph | None = None, store: Store | None = None) -> RankOutcome:
     """Second pass: load the rank again (its parse cache, or ``store``), analyse it
     (:func:`analyse_rank`) with the per-rank analyzers named in ``active`` and its share of the
-    cross-rank findings, or read what that gave before from the results cache. The plan comes back
-    only with a store (this process)."""
+    cross-rank findings, or read what that gave before from the results cache. ``graph``: the
+    rank's dependency graph where the job's replay built it in this process (:func:`graph_job`),
+    which its replay plan then shares. The plan comes back only with a store (this process)."""
     from gpuprof.analyzers import REGISTRY
 
     made: list[RankOutcome] = []
 
     def compute() -> tuple[OutcomeRecord, str | None]:
         r, spec = load_rank(job, part.nvml, part.nvml_period_s, store)
-        outcome = analyse_rank(RankView(r, spec), part, [a for a in REGISTRY if a.name in active], cross, alone)
+        outcome = analyse_rank(RankView(r, spec), part, [a for a in REGISTRY if a.name in active], cross, alone,
+                               graph.graph if graph is not None else None)
         made.append(outcome)
         content = r.trace.meta.content_key
         record: OutcomeRecord = (outcome.contributions, to_records(outcome.claims), outcome.replay_ms,

@@ -99,15 +99,21 @@ def _analyse(ex: Executor, jobs: list[Job], gpu: str | None, gpu_spec: str | Non
     job_of = {p.rank: j for p, j in zip(parts, jobs)}
     cross = distributed.plan(parts, lambda slow, waits, waiting: ex.call(slow_job, job_of[slow], waits, waiting), names)
     job_cost: list[float | None] = [None]
+    # each rank's graph where the job's replay built it in this process, with the job's replayed
+    # step on them: the ranks' plans and the projection share them (no graph built twice)
+    built: list[tuple[list[Any], float] | None] = [None]
 
     def replay(categories: Sequence[str]) -> dict[str, list[float]]:
-        figures, job_cost[0] = job_replay(ex, jobs, unprofiled_step_ms, categories)
+        figures, job_cost[0], graphs = job_replay(ex, jobs, unprofiled_step_ms, categories)
+        if graphs is not None and ex.store is not None and figures:
+            built[0] = graphs, next(iter(figures.values()))[0]
         return figures
 
     pricing.price_cross(cross, parts, replay)
     alone = len(parts) == 1
+    graphs = built[0][0] if built[0] is not None else [None] * len(parts)
     outcomes: list[RankOutcome] = ex.map(rank_job, jobs, parts, [names] * len(parts),
-                                         [cross.get(p.rank, []) for p in parts], [alone] * len(parts),
+                                         [cross.get(p.rank, []) for p in parts], [alone] * len(parts), graphs,
                                          stage="analysed")
     frames = kept_ranks(ex.store, jobs, parts)  # loaded here and still held: the views read them
     contribs = [c for o in outcomes for c in o.contributions]
@@ -120,7 +126,8 @@ def _analyse(ex: Executor, jobs: list[Job], gpu: str | None, gpu_spec: str | Non
         replayed = [o.replay_ms for o in outcomes]
         ok = [x for x in replayed if x is not None]
         figures = {"replay_step_time_ms": float(np.mean(ok)) if ok and len(ok) == len(replayed) else None,
-                   **_job_projection(jobs, parts, outcomes, fixes, frames, job_cost[0])}
+                   **_job_projection(jobs, parts, outcomes, fixes, frames, job_cost[0],
+                                     built[0] if all(p.unprofiled_step_ms == unprofiled_step_ms for p in parts) else None)}
     return Result(parts=parts, spec=spec, findings=tuple(fixes), notes=tuple(notes), skipped=tuple(skipped),
                   run=manifest, jobs=tuple(jobs), frames=frames, claims=tuple(o.claims for o in outcomes),
                   replay_step_time_ms=figures.pop("replay_step_time_ms"), projection=figures,
@@ -135,12 +142,13 @@ def findings_of(parts: Sequence[RankPart], contribs: Sequence[Any]) -> list[Find
 
 
 def _job_projection(jobs: Sequence[Job], parts: Sequence[RankPart], outcomes: Sequence[RankOutcome],
-                    findings: Sequence[Finding], frames: Sequence[Any] | None, cost_us: float | None
-                    ) -> dict[str, Any]:
+                    findings: Sequence[Finding], frames: Sequence[Any] | None, cost_us: float | None,
+                    built: tuple[list[Any], float] | None = None) -> dict[str, Any]:
     """Several ranks: the projection on the job graph (:func:`gpuprof.pricing.job_projection`),
     made in this process only where the ranks' frames are here or a job that small
     (``IN_PROCESS_MAX_BYTES``) may be loaded again: the bounded many-rank path keeps frames out
-    of this process."""
+    of this process. ``built``: the ranks' graphs the cross-rank replay made here and the job's
+    step it replayed on them, deflated by ``cost_us`` (what the projection starts from)."""
     if frames is None and not (jobs and job_bytes([Path(j.path) for j in jobs]) <= IN_PROCESS_MAX_BYTES):
         return dict(pricing.NO_PROJECTION)
     if not [f for f in findings if f.confidence in pricing.PROJECTED_CONFIDENCE]:
@@ -149,7 +157,8 @@ def _job_projection(jobs: Sequence[Job], parts: Sequence[RankPart], outcomes: Se
     plans = [o.plan for o in outcomes]
     if any(p is None and o.claims for p, o in zip(plans, outcomes)):
         plans = list(plans_of(ranks, parts, [o.claims for o in outcomes], jobs))
-    return pricing.job_projection(plans, [r.trace for r in ranks], parts, findings, cost_us)
+    graphs, before = built if built is not None else (None, None)
+    return pricing.job_projection(plans, [r.trace for r in ranks], parts, findings, cost_us, graphs, before)
 
 
 def plans_of(ranks: Sequence[Any], parts: Sequence[RankPart], claims: Sequence[Any], jobs: Sequence[Job]
@@ -166,11 +175,12 @@ def plans_of(ranks: Sequence[Any], parts: Sequence[RankPart], claims: Sequence[A
 
 
 def job_replay(ex: Executor, jobs: Sequence[Job], unprofiled_step_ms: float | None, categories: Sequence[str]
-               ) -> tuple[dict[str, list[float]], float]:
-    """The cross-rank findings' replay (gpuprof.replay.job.fix_steps) and the job's profiler cost
-    per recorded host event it was deflated by (:func:`gpuprof.replay.job.job_cost`): each rank's
-    graph built by the workers, joined here; filed in the results cache under every rank's
-    content, so an unchanged job is not loaded again for it."""
+               ) -> tuple[dict[str, list[float]], float, list[Any] | None]:
+    """The cross-rank findings' replay (gpuprof.replay.job.fix_steps), the job's profiler cost
+    per recorded host event it was deflated by (:func:`gpuprof.replay.job.job_cost`) and the ranks'
+    graphs (:class:`gpuprof.replay.job.RankGraph`; None where the results cache had the figures):
+    each rank's graph built by the workers, joined here; filed in the results cache under every
+    rank's content, so an unchanged job is not loaded again for it."""
     from gpuprof.replay.job import fix_steps, job_cost
     from gpuprof.trace import cache as pcache
 
@@ -184,13 +194,13 @@ def job_replay(ex: Executor, jobs: Sequence[Job], unprofiled_step_ms: float | No
     if before is not None:
         hit: tuple[dict[str, list[float]], float] | None = pcache.get_result(before, kind, root)
         if hit is not None:
-            return hit
+            return (*hit, None)
     graphs = ex.map(graph_job, jobs)
     cost = job_cost(graphs, unprofiled_step_ms)
     out = (fix_steps(graphs, unprofiled_step_ms, categories, cost), cost)
     if before is not None and key() == before:  # the files did not change meanwhile
         pcache.put_result(before, out, kind, root)
-    return out
+    return (*out, graphs)
 
 
 def check_ranks(metas: Sequence[TraceMeta], steps: Sequence[pd.DataFrame]) -> None:

@@ -297,12 +297,16 @@ CROSS_FIXES = ("rank_imbalance", "exposed_communication")
 
 
 def what_if_job(plans: Sequence[Plan | None], traces: Sequence[RankTrace], parts: Sequence[RankPart],
-                findings: Sequence[Finding], ids: Sequence[str], cost_us: float | None = None) -> dict[str, Any]:
+                findings: Sequence[Finding], ids: Sequence[str], cost_us: float | None = None,
+                graphs: Sequence[RankGraph] | None = None, before_ms: float | None = None) -> dict[str, Any]:
     """Several ranks: each rank's findings applied to its part of the job graph as for one rank
     (its plan's units), the cross-rank ones by their cross-rank transformation; step times are the
     slowest rank's steady-state step. The plans are those the ranks' findings were priced on; the
     job is deflated by ``cost_us`` per recorded host event where the cross-rank findings' replay
-    found it (else calibrated here). ``by_class_ms`` is not computed."""
+    found it (else calibrated here). ``graphs``: the ranks' graphs ready to join, where the
+    cross-rank replay made them (the plans' own graphs, built once); ``before_ms``: the job's
+    replayed step that replay found on them with this ``cost_us`` (not replayed again).
+    ``by_class_ms`` is not computed."""
     from gpuprof.replay.job import cross_fix, job, rank_graph, slowest_ms
 
     if sum(p.meta.events for p in parts) > JOB_REPLAY_MAX_EVENTS:
@@ -310,16 +314,17 @@ def what_if_job(plans: Sequence[Plan | None], traces: Sequence[RankTrace], parts
                            f"process ({JOB_REPLAY_MAX_EVENTS:,})")
     ids = list(ids)
     # the graphs the findings were priced on (as traced), joined: no rank's graph built twice
-    rank_graphs = [rank_graph(t, p.raw if p is not None else None) for t, p in zip(traces, plans)]
+    rank_graphs = (list(graphs) if graphs is not None and len(graphs) == len(traces)
+                   else [rank_graph(t, p.raw if p is not None else None) for t, p in zip(traces, plans)])
     g = job(rank_graphs, parts[0].unprofiled_step_ms, cost_us)
-    before = slowest_ms(g)
+    before = slowest_ms(g) if before_ms is None or graphs is None else before_ms
     by_id = {f.id: f for f in findings}
     applied: set[str] = set()
     after = g
     for p in plans:
         if p is None:
             continue
-        for i in sorted(set(ids) & set(p.units)):
+        for i in sorted(set(ids) & set(p.units), key=lambda i: (i in p.last, i)):  # whole-GPU conditions last
             after = apply(after, p.view, p.categories[i], p.units[i], p.regroups.get(i))
             applied.add(i)
     for i in sorted(set(ids)):
@@ -332,14 +337,15 @@ def what_if_job(plans: Sequence[Plan | None], traces: Sequence[RankTrace], parts
 
 
 def job_projection(plans: Sequence[Plan | None], traces: Sequence[RankTrace], parts: Sequence[RankPart],
-                   findings: Sequence[Finding], cost_us: float | None = None) -> dict[str, Any]:
+                   findings: Sequence[Finding], cost_us: float | None = None,
+                   graphs: Sequence[RankGraph] | None = None, before_ms: float | None = None) -> dict[str, Any]:
     """Several ranks: the projection as :func:`what_if_job` of every high- and medium-confidence
-    finding it can apply, so the two agree by construction."""
+    finding it can apply, so the two agree by construction (``graphs``, ``before_ms``: as there)."""
     ids = [f.id for f in findings if f.confidence in PROJECTED_CONFIDENCE]
     if not ids:
         return dict(NO_PROJECTION)
     try:
-        w = what_if_job(plans, traces, parts, findings, ids, cost_us)
+        w = what_if_job(plans, traces, parts, findings, ids, cost_us, graphs, before_ms)
     except GpuprofError:
         return dict(NO_PROJECTION)
     applied = [i for i in ids if i in w["applied"]]

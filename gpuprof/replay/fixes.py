@@ -42,9 +42,9 @@ See docs/replay.md for the assumptions and the accuracy table.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -71,6 +71,35 @@ FUSING = frozenset({"elementwise_fusion", "optimizer_fusion", "attention_fusion"
 #: the same kernel of every request as one kernel at the batched shape), the host keeping its cost
 #: per launched kernel.
 REGROUPING = frozenset({"compile", "batching"})
+
+_T = TypeVar("_T")
+
+
+@dataclass
+class FixMemo:
+    """What one fix's transformation reads that replaying it again would compute again: its own
+    units parsed and the masks they select (``own``), and what the trace and the graph's fixed
+    structure give every fix alike (``shared``: the optimizer's spans, the time inside ops, names
+    matched). Transformations change weights and waits, never the traced times, rows, names or
+    launches (:mod:`gpuprof.replay.transforms`), so on any graph of one structure these are the
+    same arrays: a :class:`Plan` replays each fix on two such graphs (the host floor, the host taken
+    out), alone and with the others, and computes them once. Nothing in here depends on a weight or
+    on ``h_wait`` (which ``drop_waits`` changes)."""
+
+    shared: dict[str, Any] = field(default_factory=dict)
+    own: dict[str, Any] = field(default_factory=dict)
+
+    def trace(self, key: str, make: Callable[[], _T]) -> _T:
+        if key not in self.shared:
+            self.shared[key] = make()
+        out: _T = self.shared[key]
+        return out
+
+    def fix(self, key: str, make: Callable[[], _T]) -> _T:
+        if key not in self.own:
+            self.own[key] = make()
+        out: _T = self.own[key]
+        return out
 
 
 @dataclass(frozen=True)
@@ -100,11 +129,19 @@ class Plan:
     #: Findings applied after every other one: a whole-GPU condition (clocks held down,
     #: :attr:`gpuprof.claims.Candidate.scale`) scales the kernels as the other fixes leave them
     last: frozenset[str] = frozenset()
+    #: Per fix (its kept units, or all it asked for alone): what its transformation reads that is the
+    #: same on every graph of this plan (:class:`FixMemo`); one ``shared`` part for all of them
+    memos: dict[tuple[str, str], FixMemo] = field(default_factory=dict)
+
+    def memo(self, which: str, i: str) -> FixMemo:
+        """The memo of fix ``i``'s kept units (``which="kept"``) or of all it asked for (``"alone"``)."""
+        shared = self.memos.setdefault(("", ""), FixMemo()).shared  # the trace's part, one for all
+        return self.memos.setdefault((which, i), FixMemo(shared))
 
     def applied(self, ids: Sequence[str], free: bool = False) -> Graph:
         g = self.free_graph if free and self.free_graph is not None else self.graph
         for i in sorted(set(i for i in ids if i in self.units), key=lambda i: (i in self.last, i)):
-            g = apply(g, self.view, self.categories[i], self.units[i], self.regroups.get(i))
+            g = apply(g, self.view, self.categories[i], self.units[i], self.regroups.get(i), self.memo("kept", i))
         return g
 
     def by_class_ms(self, ids: Sequence[str]) -> dict[str, float]:
@@ -145,7 +182,8 @@ class Plan:
         for g in (self.graph, self.free_graph if self.free_graph is not None else self.graph):
             if ("alone", g is self.graph, i) not in self.cache:
                 self.cache[("alone", g is self.graph, i)] = steady_ms(apply(g, self.view, self.categories[i],
-                                                                            self.alone[i], self.regroups.get(i)))
+                                                                            self.alone[i], self.regroups.get(i),
+                                                                            self.memo("alone", i)))
             out.append(self.cache[("alone", g is self.graph, i)])
         return out[0], out[1]
 
@@ -156,55 +194,85 @@ class Plan:
         return 0.5 * (lo + hi)
 
 
+def _parsed(units: dict[tuple[Any, ...], float]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per kind of unit (``k``, ``m``, ``gap``, ``tail``): the rows it names and the µs it saves,
+    in the units' order."""
+    if not units:
+        return {}
+    kinds = np.array([u[0] for u in units], dtype=object)
+    rows = np.array([u[2] for u in units], dtype=np.int64)
+    saved = np.fromiter(units.values(), float, len(units))
+    out = {}
+    for kind in dict.fromkeys(kinds.tolist()):  # a handful of kinds
+        m = kinds == kind
+        out[kind] = (rows[m], saved[m])
+    return out
+
+
+_NONE = (np.zeros(0, np.int64), np.zeros(0))
+
+
 def apply(g: Graph, v: RankView, category: str, units: dict[tuple[Any, ...], float],
-          regroup: pd.DataFrame | None = None) -> Graph:
+          regroup: pd.DataFrame | None = None, memo: FixMemo | None = None) -> Graph:
     """``g`` with one finding's kept ``units`` removed (see the module docstring); a regrouping
-    fix's kernels regrouped as its candidate's ``regroup`` says."""
+    fix's kernels regrouped as its candidate's ``regroup`` says. ``memo``: what an earlier call
+    with these units on a graph of ``g``'s structure computed (:class:`FixMemo`), filled in here."""
+    m_ = memo if memo is not None else FixMemo()
     t = v.trace
     rank = v.rank
-    k_rows = np.fromiter((u[2] for u in units if u[0] == "k"), np.int64)
+    parsed = m_.fix("units", lambda: _parsed(units))
+    k_rows, saved = parsed.get("k", _NONE)
     if len(k_rows):
-        saved = np.fromiter((s for u, s in units.items() if u[0] == "k"), float, len(k_rows))
-        dur = t.kernels["dur"].to_numpy(dtype=float)
-        fac = np.ones(len(dur))
-        fac[k_rows] = np.clip((dur[k_rows] - saved) / np.maximum(dur[k_rows], 1e-9), 0.0, 1.0)
-        sel = tf.activities_of(g, rank, "kernel", k_rows)
+        def kernel_factor() -> np.ndarray:
+            dur = t.kernels["dur"].to_numpy(dtype=float)
+            fac = np.ones(len(dur))
+            fac[k_rows] = np.clip((dur[k_rows] - saved) / np.maximum(dur[k_rows], 1e-9), 0.0, 1.0)
+            return fac
+
+        fac = m_.fix("kernel_factor", kernel_factor)
+        sel = m_.fix("kernels", lambda: tf.activities_of(g, rank, "kernel", k_rows))
         if category in REGROUPING and regroup is not None:
-            g = _inductor(g, v, sel, regroup)
+            g = _inductor(g, v, sel, regroup, m_)
         elif category in FUSING:
-            # memsets issued by the fused ops themselves (cuBLAS's workspace clear under aten::bmm)
-            m = t.memcpys
-            memset_rows = np.flatnonzero(((m["kind"].astype(str) == "Memset") & (m["op"] >= 0)
-                                          & m["op"].isin(t.kernels["op"].to_numpy()[k_rows])).to_numpy()) \
-                if {"kind", "op"} <= set(m.columns) and "op" in t.kernels.columns else np.zeros(0, np.int64)
-            g = _fuse_runs(g, sel, g.a_dur * fac[np.minimum(g.a_row, len(fac) - 1)] if len(fac) else g.a_dur,
-                           tf.activities_of(g, rank, "memcpy", memset_rows))
+            def memsets() -> np.ndarray:
+                # memsets issued by the fused ops themselves (cuBLAS's workspace clear under aten::bmm)
+                m = t.memcpys
+                memset_rows = np.flatnonzero(((m["kind"].astype(str) == "Memset") & (m["op"] >= 0)
+                                              & m["op"].isin(t.kernels["op"].to_numpy()[k_rows])).to_numpy()) \
+                    if {"kind", "op"} <= set(m.columns) and "op" in t.kernels.columns else np.zeros(0, np.int64)
+                return tf.activities_of(g, rank, "memcpy", memset_rows)
+
+            fac_a = m_.fix("kernel_factor_a", lambda: fac[np.minimum(g.a_row, len(fac) - 1)] if len(fac) else None)
+            g = _fuse_runs(g, sel, g.a_dur * fac_a if fac_a is not None else g.a_dur, m_.fix("memsets", memsets))
         else:
             g = tf.set_durations(g, sel, g.a_dur[sel] * fac[g.a_row[sel]])
             # a kernel the fix does away with (a layout transpose) goes with its launch
-            gone = sel & (fac[np.minimum(g.a_row, len(fac) - 1)] <= 0.0)
+            gone = m_.fix("gone", lambda: sel & (fac[np.minimum(g.a_row, len(fac) - 1)] <= 0.0))
             g = tf.remove_activities(g, gone)
-    m_rows = np.fromiter((u[2] for u in units if u[0] == "m"), np.int64)
+    m_rows, saved_m = parsed.get("m", _NONE)
     if len(m_rows):
-        saved_m = np.fromiter((s for u, s in units.items() if u[0] == "m"), float, len(m_rows))
-        d = t.memcpys["dur"].to_numpy(dtype=float).copy()
-        d[m_rows] = np.maximum(d[m_rows] - saved_m, 0.0)
-        sel = tf.activities_of(g, rank, "memcpy", m_rows)
+        def copy_durations() -> np.ndarray:
+            d = t.memcpys["dur"].to_numpy(dtype=float).copy()
+            d[m_rows] = np.maximum(d[m_rows] - saved_m, 0.0)
+            return d
+
+        d = m_.fix("copy_durations", copy_durations)
+        sel = m_.fix("copies", lambda: tf.activities_of(g, rank, "memcpy", m_rows))
         g = tf.set_durations(g, sel, d[g.a_row[sel]])
-        g = tf.drop_waits(g, tf.launches_of(g, sel))
+        g = tf.drop_waits(g, m_.fix("copy_launches", lambda: tf.launches_of(g, sel)))
         if category == "pageable_memcpy":
             # non_blocking=True: the op that copied no longer synchronises its stream
             from gpuprof.hostops import pageable_copy_syncs
 
-            own = tf.calls_of(g, rank, pageable_copy_syncs(t, m_rows))
+            own = m_.fix("copy_syncs", lambda: tf.calls_of(g, rank, pageable_copy_syncs(t, m_rows)))
             g = tf.shrink_host(tf.drop_waits(g, own), own, 0.0)
-    gi = np.fromiter((u[2] for u in units if u[0] == "gap"), np.int64)
+    gi, saved_g = parsed.get("gap", _NONE)
     # a regrouping fix's gaps are the host work its own host model takes out (its claim); a pageable
     # copy's are the waits of its own calls, dropped above
     if len(gi) and not v.gaps.empty and category not in REGROUPING | {"pageable_memcpy"}:
-        saved = np.fromiter((s for u, s in units.items() if u[0] == "gap"), float, len(gi))
-        g = _gap_fix(g, v, category, gi, saved)
-    tails = {int(u[2]): s for u, s in units.items() if u[0] == "tail"}
+        g = _gap_fix(g, v, category, gi, saved_g, m_)
+    tail_rows, tail_saved = parsed.get("tail", _NONE)
+    tails = {int(r): float(x) for r, x in zip(tail_rows, tail_saved)}
     if tails:
         g = _tail_fix(g, v, tails)
     return g
@@ -263,7 +331,7 @@ def _fuse_runs(g: Graph, sel: np.ndarray, after_us: np.ndarray, memsets: np.ndar
     return tf.set_durations(g, first, dur[run_id[is_k & (pos == lo[run_id])]])
 
 
-def _inductor(g: Graph, v: RankView, sel: np.ndarray, ip: pd.DataFrame) -> Graph:
+def _inductor(g: Graph, v: RankView, sel: np.ndarray, ip: pd.DataFrame, memo: FixMemo) -> Graph:
     """``torch.compile``'s kernels in place of the selected ones (the finding's kept kernels):
     each group of the finding's ``regroup`` (:class:`gpuprof.claims.Candidate`: one iteration
     space of a fusible run) becomes one kernel where its first kept member ran, as long as its
@@ -271,31 +339,35 @@ def _inductor(g: Graph, v: RankView, sel: np.ndarray, ip: pd.DataFrame) -> Graph
     work before each (the ops Inductor's kernel no longer dispatches); a split-reduction pass's
     slot stays a kernel, launched as before, at the pass's time. A member another finding claimed
     first stays as it ran."""
-    idx = np.flatnonzero(sel)  # activities in (rank, stream, start) order
-    rows = g.a_row[idx]
-    known = ip.index.isin(rows)
-    sub = ip[known]
-    at = pd.Series(np.arange(len(idx)), index=rows)
-    pos = at.reindex(sub.index).to_numpy()
-    grp = sub["group"].to_numpy()
-    after = sub["after_us"].to_numpy(dtype=float)
-    acts = idx[pos]
+    def groups() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        idx = np.flatnonzero(sel)  # activities in (rank, stream, start) order
+        rows = g.a_row[idx]
+        known = ip.index.isin(rows)
+        sub = ip[known]
+        at = pd.Series(np.arange(len(idx)), index=rows)
+        pos = at.reindex(sub.index).to_numpy()
+        grp = sub["group"].to_numpy()
+        after = sub["after_us"].to_numpy(dtype=float)
+        acts = idx[pos]
+        member = grp >= 0
+        # the group's kernel takes the place of its first kept member
+        order = np.argsort(acts[member], kind="stable")
+        m_acts, m_grp, m_after = acts[member][order], grp[member][order], after[member][order]
+        lead = ~pd.Series(m_grp).duplicated().to_numpy()
+        total = pd.Series(m_after).groupby(m_grp).sum()
+        gone = np.zeros(g.n_acts, dtype=bool)
+        gone[m_acts[~lead]] = True
+        return acts[~member], after[~member], m_acts[lead], total.reindex(m_grp[lead]).to_numpy(), gone
+
+    split_acts, split_us, lead_acts, lead_us, gone = memo.fix("inductor", groups)
     dur = g.a_dur.copy()
-    member = grp >= 0
-    dur[acts[~member]] = after[~member]  # the split passes' slots
-    # the group's kernel takes the place of its first kept member
-    order = np.argsort(acts[member], kind="stable")
-    m_acts, m_grp, m_after = acts[member][order], grp[member][order], after[member][order]
-    lead = ~pd.Series(m_grp).duplicated().to_numpy()
-    total = pd.Series(m_after).groupby(m_grp).sum()
-    dur[m_acts[lead]] = total.reindex(m_grp[lead]).to_numpy()
+    dur[split_acts] = split_us  # the split passes' slots
+    dur[lead_acts] = lead_us
     g = tf.set_durations(g, np.ones(g.n_acts, dtype=bool), dur)
-    gone = np.zeros(g.n_acts, dtype=bool)
-    gone[m_acts[~lead]] = True
-    return _compiled_host(g, tf.remove_activities(g, gone), v, gone)
+    return _compiled_host(g, tf.remove_activities(g, gone), v, gone, memo)
 
 
-def _compiled_host(before: Graph, g: Graph, v: RankView, gone: np.ndarray) -> Graph:
+def _compiled_host(before: Graph, g: Graph, v: RankView, gone: np.ndarray, memo: FixMemo) -> Graph:
     """The compiled model's host: Inductor's wrapper launches each kernel it keeps at the eager
     step's host cost per launched kernel (the compiled twins launched at 0.91-1.09x it:
     gpuprof.analyzers.compile_fusion), so the host time of the steps outside the optimizer
@@ -307,30 +379,40 @@ def _compiled_host(before: Graph, g: Graph, v: RankView, gone: np.ndarray) -> Gr
     from gpuprof.idle import HOST_WORK_MIN_US, optimizer_spans, time_in_ops
 
     i = g.ranks.index(v.rank)
-    # the update stays eager: torch.optim's steps, or a per-parameter loop no optimizer annotated
-    opt = pd.concat([optimizer_spans(v.trace, zero_grad=True), update_loops(v.trace)[["ts", "end", "tid"]]],
-                    ignore_index=True)
-    spans = list(zip(opt["ts"].to_numpy(dtype=float), opt["end"].to_numpy(dtype=float), opt["tid"].to_numpy()))
-    region = (g.h_rank == i) & (g.h_step >= 0) & ~tf.calls_within(g, v.rank, v.trace.runtime["tid"].to_numpy(), spans)
-    launched = (g.a_launch >= 0) & (g.a_kind == 0)
-    in_region = launched & region[np.maximum(g.a_launch, 0)]
+
+    def model_region() -> tuple[np.ndarray, np.ndarray]:
+        # the update stays eager: torch.optim's steps, or a per-parameter loop no optimizer annotated
+        opt = pd.concat([optimizer_spans(v.trace, zero_grad=True), update_loops(v.trace)[["ts", "end", "tid"]]],
+                        ignore_index=True)
+        spans = list(zip(opt["ts"].to_numpy(dtype=float), opt["end"].to_numpy(dtype=float), opt["tid"].to_numpy()))
+        region = ((g.h_rank == i) & (g.h_step >= 0)
+                  & ~tf.calls_within(g, v.rank, v.trace.runtime["tid"].to_numpy(), spans))
+        launched = (g.a_launch >= 0) & (g.a_kind == 0)
+        return region, launched & region[np.maximum(g.a_launch, 0)]
+
+    region, in_region = memo.trace("compiled_region", model_region)
     k_all = float(in_region.sum())
     k_gone = float((in_region & gone).sum())
     if k_all <= 0:
         return g
-    went = tf.launches_of(g, gone)
-    # A gap's stretch outside every op that drives the GPU, once it is long enough to be user host
-    # work (HOST_WORK_MIN_US, the rule the host-work finding uses: a busy loop, tokenising,
-    # logging), is not Inductor's to remove; the short Python between a model's ops is.
-    mine = np.flatnonzero(g.h_rank == i)
-    prev_end = np.r_[g.h_ts[mine[0]], g.h_end[mine[:-1]]] if len(mine) else np.zeros(0)
-    s = np.minimum(prev_end, g.h_ts[mine]) - g.rank_offset_us[i]
-    e = g.h_ts[mine] - g.rank_offset_us[i]
-    span = e - s
-    covered = time_in_ops(v.trace, s, e)
-    user = span - covered >= HOST_WORK_MIN_US
-    inside = np.ones(g.n_host)
-    inside[mine] = np.where(user, covered / np.where(span > 0, span, 1.0), 1.0)
+    went = memo.fix("launches_gone", lambda: tf.launches_of(g, gone))
+
+    def in_ops() -> np.ndarray:
+        # A gap's stretch outside every op that drives the GPU, once it is long enough to be user host
+        # work (HOST_WORK_MIN_US, the rule the host-work finding uses: a busy loop, tokenising,
+        # logging), is not Inductor's to remove; the short Python between a model's ops is.
+        mine = np.flatnonzero(g.h_rank == i)
+        prev_end = np.r_[g.h_ts[mine[0]], g.h_end[mine[:-1]]] if len(mine) else np.zeros(0)
+        s = np.minimum(prev_end, g.h_ts[mine]) - g.rank_offset_us[i]
+        e = g.h_ts[mine] - g.rank_offset_us[i]
+        span = e - s
+        covered = time_in_ops(v.trace, s, e)
+        user = span - covered >= HOST_WORK_MIN_US
+        inside = np.ones(g.n_host)
+        inside[mine] = np.where(user, covered / np.where(span > 0, span, 1.0), 1.0)
+        return inside
+
+    inside = memo.trace("host_in_ops", in_ops)
 
     def model_host(x: Graph, m: np.ndarray) -> float:
         return float((np.maximum(x.h_gap, 0.0) * inside + x.h_dur)[m].sum())
@@ -344,7 +426,7 @@ def _compiled_host(before: Graph, g: Graph, v: RankView, gone: np.ndarray) -> Gr
     return replace(g, h_gap=gap, h_dur=np.where(keep, g.h_dur * f, g.h_dur))
 
 
-def _gap_fix(g: Graph, v: RankView, category: str, gi: np.ndarray, saved: np.ndarray) -> Graph:
+def _gap_fix(g: Graph, v: RankView, category: str, gi: np.ndarray, saved: np.ndarray, memo: FixMemo) -> Graph:
     """The host work that held the GPU idle in the gaps ``gi`` (rows of ``v.gaps``), less by
     ``saved / real_dur`` each: every host call made while a gap lasted, up to the launch of the
     work that ended it, loses that share of its host time: the gap before it, its own cost, the
@@ -356,39 +438,58 @@ def _gap_fix(g: Graph, v: RankView, category: str, gi: np.ndarray, saved: np.nda
       (without the free there is no device sync);
     * ``host_stall``: the one-off work leaves the step: the GPU work launched during the step's
       stalled stretch (the checkpoint's copies) goes too."""
-    gp = v.gaps.loc[gi]
-    real = gp["real_dur"].to_numpy(dtype=float)
-    share = np.clip(saved / np.maximum(real, 1e-9), 0.0, 1.0)
-    lo = gp["start"].to_numpy(dtype=float)
-    nl = gp["next_launch_ts"].to_numpy(dtype=float)
-    hi = np.where(np.isfinite(nl) & (nl > lo), nl, gp["end"].to_numpy(dtype=float))
     i = g.ranks.index(v.rank)
-    mine = np.flatnonzero(g.h_rank == i)
-    ts = g.h_ts[mine] - g.rank_offset_us[i]
-    end = g.h_end[mine] - g.rank_offset_us[i]
-    o = np.argsort(lo)
-    lo, hi, share, rows = lo[o], hi[o], share[o], gi[o]
-    # the host call's gap (or the call) lies in an idle gap when it ends after the gap began
-    k = np.searchsorted(lo, end, side="right") - 1
-    inside = (k >= 0) & (ts <= hi[np.maximum(k, 0)])
-    calls = np.zeros(g.n_host, dtype=bool)
-    calls[mine[inside]] = True
-    factor = np.ones(g.n_host)
-    factor[mine[inside]] = 1.0 - share[k[inside]]
-    # the call the host sat in for most of the gap (a 463 ms blocking copy), even when it began
-    # after the work that ended the gap was launched: its own span is the stall
-    cr, cu = gp["call_row"].to_numpy()[o], gp["call_us"].to_numpy(dtype=float)[o]
-    held = (cr >= 0) & (cu >= 0.5 * gp["dur"].to_numpy(dtype=float)[o])
-    if held.any():
-        rows_share = pd.Series(share[held], index=cr[held].astype(np.int64))
-        rows_share = rows_share.groupby(level=0).max()
-        sel = tf.calls_of(g, v.rank, rows_share.index.to_numpy())
-        calls |= sel
-        factor[sel] = np.minimum(factor[sel], 1.0 - rows_share.reindex(g.h_row[sel]).to_numpy())
+
+    def held_calls() -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...], np.ndarray, np.ndarray]:
+        gp = v.gaps.loc[gi]
+        real = gp["real_dur"].to_numpy(dtype=float)
+        share = np.clip(saved / np.maximum(real, 1e-9), 0.0, 1.0)
+        lo = gp["start"].to_numpy(dtype=float)
+        nl = gp["next_launch_ts"].to_numpy(dtype=float)
+        hi = np.where(np.isfinite(nl) & (nl > lo), nl, gp["end"].to_numpy(dtype=float))
+        mine = np.flatnonzero(g.h_rank == i)
+        ts = g.h_ts[mine] - g.rank_offset_us[i]
+        end = g.h_end[mine] - g.rank_offset_us[i]
+        o = np.argsort(lo)
+        lo, hi, share, rows = lo[o], hi[o], share[o], gi[o]
+        # the host call's gap (or the call) lies in an idle gap when it ends after the gap began
+        k = np.searchsorted(lo, end, side="right") - 1
+        inside = (k >= 0) & (ts <= hi[np.maximum(k, 0)])
+        calls = np.zeros(g.n_host, dtype=bool)
+        calls[mine[inside]] = True
+        factor = np.ones(g.n_host)
+        factor[mine[inside]] = 1.0 - share[k[inside]]
+        # the call the host sat in for most of the gap (a 463 ms blocking copy), even when it began
+        # after the work that ended the gap was launched: its own span is the stall
+        cr, cu = gp["call_row"].to_numpy()[o], gp["call_us"].to_numpy(dtype=float)[o]
+        held = (cr >= 0) & (cu >= 0.5 * gp["dur"].to_numpy(dtype=float)[o])
+        if held.any():
+            rows_share = pd.Series(share[held], index=cr[held].astype(np.int64))
+            rows_share = rows_share.groupby(level=0).max()
+            sel = tf.calls_of(g, v.rank, rows_share.index.to_numpy())
+            calls |= sel
+            factor[sel] = np.minimum(factor[sel], 1.0 - rows_share.reindex(g.h_row[sel]).to_numpy())
+        # the work that ended each gap, launched before it and held past a typical launch while the
+        # host was stalled (a stream blocked by a synchronous copy), starts as the host comes back
+        ending = np.zeros(g.n_acts, dtype=bool)
+        f_act = np.ones(g.n_acts)
+        for kind in ("kernel", "memcpy"):
+            m = (gp["next_kind"] == kind).to_numpy()[o]
+            if m.any():
+                sel = tf.activities_of(g, v.rank, kind, gp["next_row"].to_numpy()[o][m].astype(np.int64))
+                row_share = pd.Series(share[m], index=gp["next_row"].to_numpy()[o][m].astype(np.int64))
+                row_share = row_share[~row_share.index.duplicated()]
+                ending |= sel
+                f_act[sel] = 1.0 - row_share.reindex(g.a_row[sel]).fillna(0.0).to_numpy()
+        return calls, factor, (mine, ts, rows, lo, hi), ending, f_act
+
+    calls, factor, stretch, ending, f_act = memo.fix("gaps", held_calls)
+    calls, factor = calls.copy(), factor.copy()
     if category == "allocator_churn":
         from gpuprof.trace.names import ALLOCATOR_CALLS
 
-        alloc = (g.h_rank == i) & (g.h_step >= 0) & np.isin(g.h_name, list(ALLOCATOR_CALLS))
+        alloc = memo.trace("allocator_calls", lambda: (g.h_rank == i) & (g.h_step >= 0)
+                           & _named(g.h_name, ALLOCATOR_CALLS))
         calls |= alloc
         factor[alloc] = 0.0
         g = tf.drop_waits(g, alloc)
@@ -397,36 +498,38 @@ def _gap_fix(g: Graph, v: RankView, category: str, gi: np.ndarray, saved: np.nda
         # device-to-host copy an `.item()` waits on
         from gpuprof.trace.names import SYNC_CALLS
 
-        # a copy that waits is the fetch only when it brings the value to the host: a blocking
-        # host-to-device `.to()` (a pageable batch) still has its data to move, which is
-        # pageable_memcpy's fix, not the fetch's
-        to_host = _to_host(g, v)
-        fetches = np.zeros(g.n_host, dtype=bool)
-        fetches[g.a_launch[to_host & (g.a_launch >= 0)]] = True
-        every = REPLAY_SYNC_CALLS | SYNC_CALLS | REPLAY_COPY_CALLS
-        syncs = np.isin(g.h_name, [n for n in every if "ynchronize" in n])
-        waiting = calls & (g.h_wait >= 0) & (syncs | (np.isin(g.h_name, list(every)) & fetches))
+        def fetching() -> tuple[np.ndarray, np.ndarray]:
+            # a copy that waits is the fetch only when it brings the value to the host: a blocking
+            # host-to-device `.to()` (a pageable batch) still has its data to move, which is
+            # pageable_memcpy's fix, not the fetch's
+            to_host = _to_host(g, v)
+            fetches = np.zeros(g.n_host, dtype=bool)
+            fetches[g.a_launch[to_host & (g.a_launch >= 0)]] = True
+            every = REPLAY_SYNC_CALLS | SYNC_CALLS | REPLAY_COPY_CALLS
+            syncs = _named(g.h_name, [n for n in every if "ynchronize" in n])
+            return to_host, syncs | (_named(g.h_name, every) & fetches)
+
+        to_host, may_wait = memo.trace("fetches", fetching)
+        waiting = calls & (g.h_wait >= 0) & may_wait
         g = tf.drop_waits(g, waiting)
         g = _drop_syncing_ops(g, v, waiting, to_host)
     if category == "host_stall":
-        g = _remove_one_off(g, v, mine, ts, rows, lo, hi)
+        g = _remove_one_off(g, v, *stretch)
     g = tf.shrink_host(g, calls, factor)
     g = tf.shrink_tail(g, calls, factor)
     acts = tf.activities_launched_by(g, calls)
     g = tf.shrink_latency(g, acts, factor[np.maximum(g.a_launch, 0)])
-    # the work that ended each gap, launched before it and held past a typical launch while the
-    # host was stalled (a stream blocked by a synchronous copy), starts as the host comes back
-    ending = np.zeros(g.n_acts, dtype=bool)
-    f_act = np.ones(g.n_acts)
-    for kind in ("kernel", "memcpy"):
-        m = (gp["next_kind"] == kind).to_numpy()[o]
-        if m.any():
-            sel = tf.activities_of(g, v.rank, kind, gp["next_row"].to_numpy()[o][m].astype(np.int64))
-            row_share = pd.Series(share[m], index=gp["next_row"].to_numpy()[o][m].astype(np.int64))
-            row_share = row_share[~row_share.index.duplicated()]
-            ending |= sel
-            f_act[sel] = 1.0 - row_share.reindex(g.a_row[sel]).fillna(0.0).to_numpy()
     return tf.shrink_latency(g, ending, f_act)
+
+
+def _named(names: np.ndarray, among: Iterable[str]) -> np.ndarray:
+    """Which of the call names ``names`` are ``among`` the given ones, decided once per distinct
+    name (``np.isin`` on the object column sorts every row's string)."""
+    codes, uniq = pd.factorize(names)
+    wanted = set(among)
+    hit = np.array([u in wanted for u in uniq], dtype=bool)
+    out: np.ndarray = (hit[codes] & (codes >= 0)) if len(hit) else np.zeros(len(names), dtype=bool)
+    return out
 
 
 def _to_host(g: Graph, v: RankView) -> np.ndarray:
@@ -498,18 +601,20 @@ def host_free(g: Graph) -> Graph:
     return tf.shrink_host(g, np.ones(g.n_host, dtype=bool), 0.0)
 
 
-def plan(v: RankView, claims: Sequence[Claimed], unprofiled_step_ms: float | None) -> Plan | None:
+def plan(v: RankView, claims: Sequence[Claimed], unprofiled_step_ms: float | None, raw: Graph | None = None
+         ) -> Plan | None:
     """The rank's deflated graph and each finding's kept units (the rank's claims after
     :func:`gpuprof.claims.claimed`); ``None`` when the rank has no graph to replay (no runtime
     calls or GPU work) or the replay fails. Cross-rank findings (``CROSS_RANK``) are left out: a
-    rank's graph cannot see when the other ranks arrive."""
+    rank's graph cannot see when the other ranks arrive. ``raw``: the rank's graph as traced
+    (``build([v.trace])``) where it was built already."""
     t = v.trace
     if not len(t.runtime) or not (len(t.kernels) + len(t.memcpys)):
         return None
     from gpuprof.hostcost import bracket_cost_us
 
     try:
-        raw = build([t])
+        raw = build([t]) if raw is None else raw
         hb = host_bounds(raw, unprofiled_step_ms, bracket_cost_us(t))
         g = hb.apply(raw)
         free = None if hb.identified else host_free(raw)

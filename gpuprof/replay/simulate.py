@@ -22,11 +22,21 @@ longest-path times are the one fixed point. Three ways to reach it (:func:`simul
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from gpuprof.errors import GpuprofError
 from gpuprof.replay.graph import Graph
+
+_native_in_order: Any
+try:
+    from gpuprof.replay.native._solve import in_order as _native_in_order
+except ImportError:  # not compiled (the extension is optional): the same rounds in numpy, slower
+    _native_in_order = None
+
+#: Whether :func:`_in_order` runs its rounds in C (``native/_solve.c``; the same floats as the numpy loop).
+NATIVE = _native_in_order is not None
 
 MAX_PASSES = 100_000
 #: Items (host calls and GPU activities) per window of the time-ordered sweep.
@@ -241,9 +251,7 @@ def _as_traced(g: Graph, max_passes: int = 4) -> Times | None:
     full_a = [(int(lo), int(hi)) for lo, hi in zip(ab[:-1], ab[1:])]
     for passes in range(1, max_passes + 1):
         before = (st.hs.copy(), st.he.copy(), st.as_.copy(), st.ae.copy())
-        moved = st.host(full_h)
-        moved = st.gpu(full_a) or moved
-        if moved:
+        if st.host(full_h) or st.gpu(full_a):  # a host that moved needs no GPU pass to say so
             return None
         if all(np.array_equal(x, y) for x, y in zip(before, (st.hs, st.he, st.as_, st.ae))):
             break
@@ -356,15 +364,38 @@ def _chains(g: Graph) -> list[_Chain]:
     return chains
 
 
-def _in_order(g: Graph) -> Times | None:
+def _native_rounds(g: Graph, hv: np.ndarray, av: np.ndarray) -> int | None:
+    """:func:`_in_order`'s rounds in C (``native/_solve.c``), ``hv``/``av`` solved in place from the
+    graph's own arrays (the chains :func:`_chains` builds, built there). The number of rounds, or
+    None (no chain could go on: a cycle)."""
+    f64, i64 = np.float64, np.int64
+
+    def c(x: np.ndarray, dtype: Any) -> np.ndarray:
+        return np.ascontiguousarray(x, dtype=dtype)
+
+    rounds = int(_native_in_order(
+        hv, av, _segments(g.h_first).astype(i64), _segments(g.a_first).astype(i64),
+        c(g.h_gap, f64), c(g.h_dur, f64), c(g.h_ts, f64), c(g.h_bp, i64), c(g.h_bpw, f64), c(g.h_wait, i64),
+        c(g.h_tail, f64), c(g.a_sgap, f64), c(g.a_dur, f64), c(g.a_ts, f64), c(g.a_launch, i64), c(g.a_lat, f64),
+        c(g.a_dep, i64), c(g.a_depw, f64), c(g.a_first, np.bool_).view(np.uint8)))
+    return rounds if rounds >= 0 else None
+
+
+def _in_order(g: Graph, native: bool = NATIVE) -> Times | None:
     """Longest-path times of ``g`` solved in dependency order: each chain is solved as far as its
     outside inputs are final (one scan of that stretch), round after round, so every half-item
     is computed once, from final inputs. A sync costs one round (the host up to the call, the
     GPU up to the work it waits for), a few scans of the stretch between syncs, not a pass over
     a window. ``None`` when no chain can go on before all are solved (a cycle: the windowed
-    passes say so)."""
+    passes say so). ``native``: the rounds in C (:data:`NATIVE`), the same floats as the numpy
+    loop below (one max, subtraction and addition per value, in the same order)."""
     hv = np.r_[_interleave(g.h_ts, g.h_end), -np.inf]  # the last slot: "no edge"
     av = np.r_[_interleave(g.a_ts, g.a_end), -np.inf]
+    if native and _native_in_order is not None and (g.n_host or g.n_acts):
+        got = _native_rounds(g, hv, av)
+        if got is None:
+            return None
+        return Times(hv[0:-1:2].copy(), hv[1:-1:2].copy(), av[0:-1:2].copy(), av[1:-1:2].copy(), got)
     chains = _chains(g)
     n_host_chains = int(g.h_first.sum())
     rounds = 0
