@@ -4,7 +4,8 @@ Configured by environment variables the launcher sets (``GPUPROF_RUN_DIR``, ``GP
 "skip,timed,wait,warmup,active,repeat", ``GPUPROF_RECORD_SHAPES``, ``GPUPROF_WITH_STACK``).
 Steps: the first ``skip`` are left alone (start-up, compilation); then steps are timed without
 the profiler until they show the steady state (:mod:`gpuprof.record.window`: chunks of 10 steps
-until three agree within 3 % and the DataLoader's queue is not draining, or a budget is spent;
+until the steady phase's mean is known within 2 % and the DataLoader's queue is not draining, or
+a budget is spent;
 ``timed`` >= 0 instead times exactly that many steps); then torch.profiler runs its
 ``wait, warmup, active`` schedule ``repeat`` times and writes ``traces/{name}.json.gz``.
 
