@@ -324,7 +324,7 @@ def what_if_job(plans: Sequence[Plan | None], traces: Sequence[RankTrace], parts
     for p in plans:
         if p is None:
             continue
-        for i in sorted(set(ids) & set(p.units), key=lambda i: (i in p.last, i)):  # whole-GPU conditions last
+        for i in p.order(ids):
             after = apply(after, p.view, p.categories[i], p.units[i], p.regroups.get(i))
             applied.add(i)
     for i in sorted(set(ids)):

@@ -140,7 +140,7 @@ class Recorder:
         if self.finished:
             a = self.after
             if a is not None and a.due(self.steps):
-                a.mark(self.steps, self._after_event())
+                a.mark(self.steps, self._after_event(a))
             return
         if self.prof is not None:
             self._advance()
@@ -188,20 +188,25 @@ class Recorder:
                     return None
             elif not w.cuda or w.failed:
                 return None
-            dev = self.device if self.device is not None else torch.device("cuda", cuda.current_device())
-            ev = cuda.Event(enable_timing=True)
-            ev.record(cuda.current_stream(dev))
-            w.cuda = True
-            self.timing = {"method": "cuda_events", "device": str(dev)}
-            return ev
         except Exception as e:
             w.failed = f"CUDA events failed ({e.__class__.__name__}: {e})"
             return None
+        made = self._stream_event(w)
+        if made is None:
+            return None
+        self.timing = {"method": "cuda_events", "device": str(made[1])}
+        return made[0]
 
-    def _after_event(self) -> Any:
+    def _after_event(self, a: Window) -> Any:
         """A CUDA event for the after-profiling check, where the unprofiled window used them."""
         if not self.window.cuda or self.window.failed:
             return None
+        made = self._stream_event(a)
+        return None if made is None else made[0]
+
+    def _stream_event(self, w: Window) -> tuple[Any, Any] | None:
+        """A timing CUDA event recorded now on the stream the program steps on, and its device
+        (None, with ``w.failed`` set, where CUDA refuses)."""
         try:
             import torch
 
@@ -209,23 +214,19 @@ class Recorder:
             dev = self.device if self.device is not None else torch.device("cuda", cuda.current_device())
             ev = cuda.Event(enable_timing=True)
             ev.record(cuda.current_stream(dev))
-            assert self.after is not None
-            self.after.cuda = True
-            return ev
         except Exception as e:
-            if self.after is not None:
-                self.after.failed = f"CUDA events failed ({e.__class__.__name__}: {e})"
+            w.failed = f"CUDA events failed ({e.__class__.__name__}: {e})"
             return None
+        w.cuda = True
+        return ev, dev
 
     def after_profiling(self, block: bool = False) -> tuple[float | None, dict[str, Any]]:
         """The step time measured after the profiler stopped, and how (None: not, or not yet, timed)."""
         a = self.after
         if a is None or not a.chunks:
             return None, {}
-        ms, info = a.result(block)
+        ms, info = a.result(block)  # the host clock's figure where the events failed (Window.times)
         steps = info.get("window")
-        if a.failed or not a.cuda:
-            ms = info.get("host_step_ms")
         if ms is None:
             return None, {}
         return ms, {"method": "cuda_events" if a.cuda and not a.failed else "host_clock",

@@ -138,9 +138,14 @@ class Plan:
         shared = self.memos.setdefault(("", ""), FixMemo()).shared  # the trace's part, one for all
         return self.memos.setdefault((which, i), FixMemo(shared))
 
+    def order(self, ids: Sequence[str]) -> list[str]:
+        """The findings of ``ids`` this plan prices, in the order their fixes are applied together:
+        by id, whole-GPU conditions (:attr:`last`) after every other fix."""
+        return sorted(set(i for i in ids if i in self.units), key=lambda i: (i in self.last, i))
+
     def applied(self, ids: Sequence[str], free: bool = False) -> Graph:
         g = self.free_graph if free and self.free_graph is not None else self.graph
-        for i in sorted(set(i for i in ids if i in self.units), key=lambda i: (i in self.last, i)):
+        for i in self.order(ids):
             g = apply(g, self.view, self.categories[i], self.units[i], self.regroups.get(i), self.memo("kept", i))
         return g
 
