@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from gpuprof.record.window import BUDGET_STEPS, CHUNK_STEPS, MIN_CHUNKS, Window, mser
+from gpuprof.record.window import BUDGET_CHUNKS, CHUNK_MIN_S, CHUNK_STEPS, MIN_CHUNKS, Window, chunk_steps, mser
 from tests.test_record import FAST, manifest, record, write
 
 
@@ -104,10 +105,25 @@ def test_a_loop_that_never_settles_stops_at_the_budget() -> None:
     ms = [20.0 if (i // 10) % 2 else 30.0 for i in range(400)]
     w, at = run_window(ms)
     got, info = w.result()
-    assert info["converged"] is False and f"{BUDGET_STEPS} timed steps" in info["not_converged_why"]
-    assert at == 6 + BUDGET_STEPS and info["steps"] >= BUDGET_STEPS // 2
+    budget = BUDGET_CHUNKS * CHUNK_STEPS  # 20-30 ms steps: every chunk is the first's 10 steps
+    assert info["converged"] is False and f"{BUDGET_CHUNKS} chunks ({budget} timed steps)" in info["not_converged_why"]
+    assert at == 6 + budget and info["steps"] >= budget // 2
     assert info["spread_pct"] > 25 and info["stddev_ms"] > 0 and info["sem_ms"] > 0
     assert got == pytest.approx(25.0, rel=0.05)  # the loop's mean, not either level
+
+
+def test_fast_steps_are_timed_in_chunks_of_fixed_duration() -> None:
+    """SYNTHETIC: a 5 ms step whose host jitters (one 15 ms step in 7, a garbage collection or a
+    logging step): 10-step chunks would hold one or two of them and spread by ~20 %; chunks of
+    CHUNK_MIN_S hold the same share of them, so the window converges on the loop's mean."""
+    ms = [15.0 if i % 7 == 3 else 5.0 for i in range(3000)]
+    w, at = run_window(ms)
+    got, info = w.result()
+    k = chunk_steps(info["chunks"][0]["host_ms"])
+    assert info["chunk_steps"] == k == math.ceil(CHUNK_MIN_S * 1000 / info["chunks"][0]["host_ms"]) > CHUNK_STEPS
+    assert [c["steps"][1] - c["steps"][0] + 1 for c in info["chunks"]] == [CHUNK_STEPS] + [k] * (len(info["chunks"]) - 1)
+    assert info["converged"] is True and got == pytest.approx(sum(ms[:700]) / 700, rel=0.03)
+    assert chunk_steps(25.0) == CHUNK_STEPS and chunk_steps(0.0) == CHUNK_STEPS  # slow steps keep 10-step chunks
 
 
 def test_a_fixed_window_is_the_n_steps_after_the_skipped_ones() -> None:

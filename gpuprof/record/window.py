@@ -6,7 +6,12 @@ while the program started, and it runs from it faster than they produce until it
 a real training loop's steps vary by 5-20 % from chunk to chunk (logging, the input pipeline, the
 host), so a few steps that happen to agree are no measure of it. So the recorder skips
 ``--skip-steps`` steps and then, by default (the ``steady`` rule), times consecutive chunks of
-:data:`CHUNK_STEPS` steps and reports the mean over every chunk of the steady phase:
+steps and reports the mean over every chunk of the steady phase. The first chunk is
+:data:`CHUNK_STEPS` steps; every later one is as many steps as make at least :data:`CHUNK_MIN_S`
+seconds at the first chunk's pace (and never fewer than :data:`CHUNK_STEPS`): a chunk of 10 steps of
+a compiled 10 ms step is 0.1 s, over which the host's own jitter (a garbage collection, a logging
+step, the launch queue) moves its mean by 20 %, where 10 steps of a 25 ms step move it by 5 %;
+a chunk of fixed duration holds that jitter to one size whatever the step time:
 
 - the steady phase starts after the DataLoader's queue has stopped draining (the fewest batches
   found ready in the program's multi-process DataLoader queues during a chunk fell below the
@@ -17,10 +22,10 @@ host), so a few steps that happen to agree are no measure of it. So the recorder
   a few chunks decides it;
 - timing stops once the steady phase holds at least :data:`MIN_CHUNKS` chunks and the standard
   error of its mean is within :data:`SEM_PCT` % of the mean (an unbiased figure whose own error
-  is well inside the 5 % a user needs), or once a budget is spent (:data:`BUDGET_STEPS` timed
-  steps or :data:`BUDGET_S` seconds, whichever first: the profiled steps must still come while a
-  short program runs, and a loop whose chunks vary by 20 % is profiled at most half a minute
-  late); then the steady phase's mean is taken and the record says the timing did not converge,
+  is well inside the 5 % a user needs), or once a budget is spent (:data:`BUDGET_CHUNKS` chunks,
+  i.e. 100 steps where chunks are 10 steps, or :data:`BUDGET_S` seconds, whichever first: the
+  profiled steps must still come while a short program runs, and a loop whose chunks vary by 20 %
+  is profiled at most half a minute late); then the steady phase's mean is taken and the record says the timing did not converge,
   with its spread and standard error.
 
 With ``--timed-steps N`` the window is instead the N steps after the skipped ones (``fixed``, one
@@ -41,11 +46,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-CHUNK_STEPS = 10
+CHUNK_STEPS = 10  # the first chunk, and the fewest steps of any chunk
+CHUNK_MIN_S = 0.2  # later chunks last at least this long at the first chunk's pace
 MIN_CHUNKS = 4
 SEM_PCT = 2.0
-BUDGET_STEPS = 100
+BUDGET_CHUNKS = 10
 BUDGET_S = 30.0
+
+
+def chunk_steps(first_chunk_ms: float) -> int:
+    """Steps per chunk after the first, from the first chunk's step time (module doc)."""
+    if not first_chunk_ms > 0:
+        return CHUNK_STEPS
+    return max(CHUNK_STEPS, math.ceil(CHUNK_MIN_S * 1000.0 / first_chunk_ms - 1e-9))
 
 
 @dataclass
@@ -135,6 +148,7 @@ class Window:
         self.why: str | None = None
         self.cuda = False
         self.failed: str | None = None
+        self.chunk_steps = CHUNK_STEPS  # steps per chunk after the first (set at the first chunk's end)
 
     # --- boundaries ------------------------------------------------------------------------
     def due(self, step: int) -> bool:
@@ -143,7 +157,10 @@ class Window:
             return False
         if self.fixed is not None:
             return step in (self.first, self.first + self.fixed) and (self.fixed > 0 or not self.marks)
-        return (step - self.first) % CHUNK_STEPS == 0
+        if not self.marks:
+            return step == self.first
+        last = self.marks[-1][0]
+        return step - last >= (CHUNK_STEPS if len(self.marks) == 1 else self.chunk_steps)
 
     def sample(self, ready: int | None) -> None:
         """The loader's ready batches at one step of the open chunk."""
@@ -157,12 +174,14 @@ class Window:
             self.chunks.append(Chunk(s0 + 1, step, (now - t0) * 1000.0 / (step - s0), self.ready))
         self.marks.append((step, now, event))
         self.ready = None
+        if len(self.chunks) == 1 and self.fixed is None:
+            self.chunk_steps = chunk_steps(self.chunks[0].host_ms)
         if self.fixed is not None and (self.fixed == 0 or len(self.marks) == 2):
             self.closed = self.decided = True  # the profiler starts now; the GPU's figure is read later
-        elif self.fixed is None and (step - self.first >= BUDGET_STEPS or now - self.marks[0][1] >= BUDGET_S):
+        elif self.fixed is None and (len(self.chunks) >= BUDGET_CHUNKS or now - self.marks[0][1] >= BUDGET_S):
             self.closed = True
-            self.why = (f"the budget of {BUDGET_STEPS} timed steps was spent" if step - self.first >= BUDGET_STEPS
-                        else f"the budget of {BUDGET_S:g} s of timing was spent")
+            self.why = (f"the budget of {BUDGET_CHUNKS} chunks ({step - self.first} timed steps) was spent"
+                        if len(self.chunks) >= BUDGET_CHUNKS else f"the budget of {BUDGET_S:g} s of timing was spent")
 
     # --- reading the GPU's times -----------------------------------------------------------
     def resolve(self, block: bool = False) -> None:
@@ -228,7 +247,8 @@ class Window:
         info: dict[str, Any] = {"rule": "fixed" if self.fixed is not None else "steady",
                                 "steps": sum(c.steps for c in win)}
         if self.fixed is None:
-            info.update(chunk_steps=CHUNK_STEPS, min_chunks=MIN_CHUNKS, sem_pct=SEM_PCT, converged=self.converged)
+            info.update(chunk_steps=self.chunk_steps, first_chunk_steps=CHUNK_STEPS, chunk_min_s=CHUNK_MIN_S,
+                        min_chunks=MIN_CHUNKS, sem_pct=SEM_PCT, converged=self.converged)
             if self.converged is False and self.why:
                 info["not_converged_why"] = self.why
         info["chunks"] = [{"steps": [c.first_step, c.last_step], "ms": round(m, 4), "host_ms": round(c.host_ms, 4),
