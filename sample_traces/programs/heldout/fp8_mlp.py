@@ -5,6 +5,10 @@ matrix products in FP8, for gpuprof's held-out precision pair on Hopper.
   --precision bf16   nn.Linear under bf16 autocast (the GEMM-bound BF16 program gpuprof should flag)
   --precision fp8    the same blocks with Fp8Linear (fp8.py): torch._scaled_mm, tensorwise dynamic
                      scaling, e4m3 forward, e5m2 output gradients (the fix)
+  --compile          the model under torch.compile (inductor): the FP8 program's amax, scale and
+                     cast kernels fused around the _scaled_mm calls, as the recipes gpuprof prices
+                     (torchao float8 and Transformer Engine) run them; the BF16 program compiled
+                     alike, so that a pair of the two differs in precision only
 
 ``--tiny --check`` (CPU) compares the FP8 program's loss and gradients with the BF16 one's on the same
 weights: it checks the backward's operand orientation and layouts, not the CUDA kernels' speed.
@@ -63,6 +67,7 @@ def main() -> None:
     p.add_argument("--d", type=int, default=4096)
     p.add_argument("--hidden", type=int, default=16384)
     p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--compile", action="store_true")
     p.add_argument("--check", action="store_true", help="compare FP8 with BF16 first (loss, gradients)")
     a = p.parse_args()
     dev = torch.device(a.device)
@@ -72,7 +77,10 @@ def main() -> None:
         extra["check"] = check(d, hidden, layers, tokens, dev)
         print("fp8 vs bf16:", extra["check"], flush=True)
     model = build(d, hidden, layers, a.precision == "fp8", dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev.type == "cuda")
+    opt_params = list(model.parameters())
+    if a.compile:
+        model = torch.compile(model)
+    opt = torch.optim.AdamW(opt_params, lr=1e-4, fused=dev.type == "cuda")
     xs = [torch.randn(tokens, d, device=dev, dtype=torch.bfloat16) for _ in range(2)]
     count = itertools.count()
 
@@ -83,7 +91,7 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
 
     harness.record(a, step, {"tokens_per_step": tokens, "gemm_flop_per_step": 3 * 2 * 2 * tokens * d * hidden * layers,
-                             "precision": a.precision, **extra})
+                             "precision": a.precision, "compiled": a.compile, **extra})
 
 
 if __name__ == "__main__":
