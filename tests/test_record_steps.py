@@ -93,6 +93,28 @@ def test_a_draining_prefetch_queue_is_not_the_steady_state() -> None:
     assert w.result()[0] == pytest.approx(40.0, rel=0.02)  # fast phase is taken (why the level is read)
 
 
+def test_a_dip_of_the_queue_after_it_held_is_no_drain() -> None:
+    """The chunks (GPU ms per step, the queue's lowest level) of two real runs on the H200
+    (2026-12-03, Lightning with 4 workers, Accelerate with 2): the level rose or held from the
+    first chunk, then dipped by one in the last chunk. Reading that dip as a drain put the steady
+    phase after the last chunk, and the record had no figure at all."""
+    from gpuprof.record.window import Chunk, steady, steady_start
+
+    runs = {"lightning": ([16.47, 19.86, 22.71, 21.86, 21.49, 22.41, 23.96, 22.67, 23.35, 24.43],
+                          [0, 1, 2, 2, 2, 1, 2, 2, 2, 1]),
+            "accelerate": ([32.19, 35.25, 35.32, 34.37, 34.70, 32.92, 31.61, 31.61, 31.61, 31.64],
+                           [2, 3, 2, 3, 3, 3, 3, 3, 3, 2])}
+    for name, (ms, ready) in runs.items():
+        chunks = [Chunk(10 * i + 7, 10 * i + 16, m, r) for i, (m, r) in enumerate(zip(ms, ready))]
+        start = steady_start(chunks, ms)
+        assert start <= len(ms) - MIN_CHUNKS, (name, start)
+        assert steady(chunks, ms), name
+    drained = [Chunk(10 * i + 7, 10 * i + 16, 40.0, r) for i, r in enumerate([6, 4, 2, 0, 0, 1, 0, 0])]
+    assert steady_start(drained, [40.0] * 8) == 4  # a real drain still counts: 6, 4, 2, 0, then it held
+    falling = [Chunk(10 * i + 7, 10 * i + 16, 40.0, 8 - i) for i in range(5)]
+    assert steady_start(falling, [40.0] * 5) == 4  # draining to the end: the last chunk, not nothing
+
+
 def test_a_loop_its_workers_keep_up_with_converges() -> None:
     """GPU-bound: the queue stays near full, its level fluctuating by the number of workers."""
     ms = [20.0] * 300

@@ -15,7 +15,9 @@ a chunk of fixed duration holds that jitter to one size whatever the step time:
 
 - the steady phase starts after the DataLoader's queue has stopped draining (the fewest batches
   found ready in the program's multi-process DataLoader queues during a chunk fell below the
-  previous chunk's: while a prefetched queue drains, every step runs at the GPU's pace) and after
+  previous chunk's, chunk after chunk from the first: while a prefetched queue drains, every step
+  runs at the GPU's pace; a dip after the level has held or risen is the steady state's own
+  fluctuation, :func:`steady_start`) and after
   the warm-up transient, found by the marginal standard error rule (MSER: the truncation point
   ``d`` of the chunk means that minimises the squared deviations of the rest over
   ``(n - d)**2``, at most half of them; White, 1997), so neither a threshold nor the agreement of
@@ -107,14 +109,20 @@ def mser(ms: list[float]) -> int:
 
 def steady_start(chunks: list[Chunk], ms: list[float]) -> int:
     """Where the steady phase begins among the first ``len(ms)`` chunks (module doc): after the
-    last chunk in which the DataLoader's queue was still draining, then past the warm-up
-    transient of what follows (:func:`mser`)."""
+    DataLoader's prefetched queue has drained, then past the warm-up transient of what follows
+    (:func:`mser`); never past the last chunk.
+
+    The drain is the leading run of chunks over which the queue's lowest level falls chunk after
+    chunk; once it holds or rises, a later dip is the steady state's own fluctuation (workers
+    that keep up leave the level moving by a batch or two from chunk to chunk), not a drain.
+    """
     start = 0
     for i in range(1, len(ms)):
         a, b = chunks[i - 1].ready_min, chunks[i].ready_min
-        if a is not None and b is not None and b < a:
-            start = i + 1  # still draining during chunk i
-    start = min(start, len(ms))
+        if a is None or b is None or b >= a:
+            break
+        start = i + 1  # still draining during chunk i
+    start = min(start, len(ms) - 1) if ms else 0
     return start + mser(ms[start:]) if len(ms) - start > 1 else start
 
 
