@@ -12,10 +12,11 @@ windows and then records ``--active`` steps after ``wait=1, warmup=2`` with ``re
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -23,8 +24,8 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import harness
 
-__all__ = ["HostBatches", "LoopSGD", "NaiveGELU", "NaiveLayerNorm", "Stats", "harness", "make_optimizer",
-           "naive_gelu_tanh", "parser"]
+__all__ = ["HostBatches", "LoopSGD", "NaiveGELU", "NaiveLayerNorm", "Stats", "harness", "lm_train_step",
+           "make_optimizer", "naive_gelu_tanh", "parser"]
 
 
 def parser(doc: str | None) -> argparse.ArgumentParser:
@@ -111,6 +112,30 @@ def make_optimizer(kind: str, params: Iterable[nn.Parameter], dev: torch.device)
     if kind == "adamw_forloop":
         return torch.optim.AdamW(params, lr=3e-4, weight_decay=0.05, foreach=False, fused=False)
     raise ValueError(kind)
+
+
+def lm_train_step(model: nn.Module, optim: str, vocab: int, batch: int, seq: int, dev: torch.device,
+                  empty_cache: bool = False, precision: str = "bf16") -> Callable[[], None]:
+    """One causal-LM training step of ``model`` on two alternating random token batches on the
+    device (labels = inputs): the forward under bf16 autocast (``precision="fp32"``: no autocast,
+    every GEMM in FP32 at torch's default matmul precision, the defect), backward, the optimizer
+    (``optim="fused"``: ``adamw_fused``; ``"forloop"``: ``adamw_forloop``, the defect), and with
+    ``empty_cache`` a ``torch.cuda.empty_cache()`` after every step (the defect)."""
+    opt = make_optimizer("adamw_fused" if optim == "fused" else "adamw_forloop", model.parameters(), dev)
+    ids = [torch.randint(0, vocab, (batch, seq), device=dev) for _ in range(2)]
+    count = itertools.count()
+
+    def step() -> None:
+        x = ids[next(count) % 2]
+        with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+            out = model(input_ids=x, labels=x)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if empty_cache and dev.type == "cuda":
+            torch.cuda.empty_cache()
+
+    return step
 
 
 class HostBatches:

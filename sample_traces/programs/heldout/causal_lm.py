@@ -4,6 +4,11 @@ families this project had not used before that round.
 
   --family opt         OPT: pre-LayerNorm decoder, learned positions, ReLU MLP (ffn_dim 4x)
   --family bloom       BLOOM: ALiBi attention biases (no position embeddings), fused QKV, GELU MLP
+  --family gemma       Gemma (round 3): RMSNorm (1 + weight), rotary embeddings, grouped-query
+                       attention (4 KV heads), GeGLU MLP (intermediate 8/3 x hidden rounded to 256),
+                       embeddings scaled by sqrt(hidden) and tied to the output
+  --precision fp32     no autocast: every GEMM in FP32 at torch's default matmul precision, off the
+                       tensor cores (the defect; default bf16 autocast)
   --empty-cache        torch.cuda.empty_cache() after every step (the defect)
   --optim forloop      AdamW(foreach=False, fused=False): one small kernel per op per parameter
                        (the defect; default AdamW(fused=True))
@@ -11,10 +16,8 @@ families this project had not used before that round.
 
 from __future__ import annotations
 
-import itertools
-
 import torch
-from _common import harness, make_optimizer, parser
+from _common import harness, lm_train_step, parser
 
 
 def build(tf: object, family: str, a: object) -> torch.nn.Module:
@@ -23,6 +26,13 @@ def build(tf: object, family: str, a: object) -> torch.nn.Module:
                            ffn_dim=4 * a.hidden, num_attention_heads=a.heads, max_position_embeddings=max(2048, a.seq),
                            word_embed_proj_dim=a.hidden, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
         return tf.OPTForCausalLM(cfg)  # type: ignore[attr-defined,no-any-return]
+    if family == "gemma":
+        inter = max(256, 256 * round(8 * a.hidden / 3 / 256))
+        cfg = tf.GemmaConfig(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=inter,  # type: ignore[attr-defined]
+                             num_hidden_layers=a.layers, num_attention_heads=a.heads,
+                             num_key_value_heads=max(1, a.heads // 4), head_dim=a.hidden // a.heads,
+                             max_position_embeddings=max(2048, a.seq), attention_dropout=0.0)
+        return tf.GemmaForCausalLM(cfg)  # type: ignore[attr-defined,no-any-return]
     cfg = tf.BloomConfig(vocab_size=a.vocab, hidden_size=a.hidden, n_layer=a.layers, n_head=a.heads,  # type: ignore[attr-defined]
                          hidden_dropout=0.0, attention_dropout=0.0)
     return tf.BloomForCausalLM(cfg)  # type: ignore[attr-defined,no-any-return]
@@ -30,7 +40,7 @@ def build(tf: object, family: str, a: object) -> torch.nn.Module:
 
 def main() -> None:
     p = parser(__doc__)
-    p.add_argument("--family", choices=["opt", "bloom"], default="opt")
+    p.add_argument("--family", choices=["opt", "bloom", "gemma"], default="opt")
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--heads", type=int, default=16)
@@ -39,6 +49,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--empty-cache", action="store_true")
     p.add_argument("--optim", choices=["fused", "forloop"], default="fused")
+    p.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
     a = p.parse_args()
     import transformers as tf
 
@@ -49,21 +60,10 @@ def main() -> None:
     with dev:
         model = build(tf, a.family, a)
     model.train()
-    opt = make_optimizer("adamw_fused" if a.optim == "fused" else "adamw_forloop", model.parameters(), dev)
-    ids = [torch.randint(0, a.vocab, (a.batch, a.seq), device=dev) for _ in range(2)]
-    count = itertools.count()
+    step = lm_train_step(model, a.optim, a.vocab, a.batch, a.seq, dev, a.empty_cache, a.precision)
 
-    def step() -> None:
-        x = ids[next(count) % 2]
-        with torch.autocast(device_type=dev.type, dtype=torch.bfloat16):
-            out = model(input_ids=x, labels=x)
-        out.loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if a.empty_cache and dev.type == "cuda":
-            torch.cuda.empty_cache()
-
-    harness.record(a, step, {"tokens_per_step": a.batch * a.seq, "family": a.family, "transformers": tf.__version__,
+    harness.record(a, step, {"tokens_per_step": a.batch * a.seq, "family": a.family, "precision": a.precision,
+                             "transformers": tf.__version__,
                              "params": sum(q.numel() for q in model.parameters())})
 
 

@@ -3,6 +3,8 @@ sequences, bf16 weights, inference mode, for gpuprof's held-out KV-cache pairs.
 
   --model qwen2        transformers' Qwen2 (``Qwen2ForCausalLM`` from a ``Qwen2Config``: RMSNorm,
                        rotary embeddings, grouped-query attention with 2 KV heads, SwiGLU)
+  --model gpt2         transformers' GPT-2 (round 3; ``GPT2LMHeadModel`` from a ``GPT2Config``: LayerNorm,
+                       learned positions, fused QKV projection (Conv1D), GELU MLP)
   --model handwritten  a decoder written here (RMSNorm, rotary embeddings, SDPA, SwiGLU, untied head)
                        with its own preallocated KV cache
   --no-cache           every new token runs the model over the whole sequence so far, the prefix
@@ -80,7 +82,7 @@ class Decoder(nn.Module):
 
 def main() -> None:
     p = parser(__doc__)
-    p.add_argument("--model", choices=["qwen2", "handwritten"], default="qwen2")
+    p.add_argument("--model", choices=["qwen2", "gpt2", "handwritten"], default="qwen2")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--prompt", type=int, default=1024)
     p.add_argument("--new-tokens", type=int, default=8)
@@ -91,15 +93,22 @@ def main() -> None:
     batch, prompt_len, vocab = (2, 16, 512) if a.tiny else (a.batch, a.prompt, 32000)
     max_len = prompt_len + a.new_tokens
     extra: dict[str, object] = {}
-    if a.model == "qwen2":
+    if a.model in ("qwen2", "gpt2"):
         import transformers as tf
 
-        layers, d, heads, kv, inter = (2, 64, 4, 2, 128) if a.tiny else (4, 1536, 12, 2, 4096)
-        cfg = tf.Qwen2Config(vocab_size=vocab, hidden_size=d, intermediate_size=inter, num_hidden_layers=layers,
-                             num_attention_heads=heads, num_key_value_heads=kv,
-                             max_position_embeddings=max(4096, max_len), tie_word_embeddings=False)
-        with dev:
-            model = tf.Qwen2ForCausalLM(cfg)
+        if a.model == "qwen2":
+            layers, d, heads, kv, inter = (2, 64, 4, 2, 128) if a.tiny else (4, 1536, 12, 2, 4096)
+            cfg = tf.Qwen2Config(vocab_size=vocab, hidden_size=d, intermediate_size=inter, num_hidden_layers=layers,
+                                 num_attention_heads=heads, num_key_value_heads=kv,
+                                 max_position_embeddings=max(4096, max_len), tie_word_embeddings=False)
+            with dev:
+                model = tf.Qwen2ForCausalLM(cfg)
+        else:
+            layers, d, heads = (2, 64, 4) if a.tiny else (8, 1024, 16)
+            cfg = tf.GPT2Config(vocab_size=vocab, n_embd=d, n_layer=layers, n_head=heads,
+                                n_positions=max(2048, max_len), resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+            with dev:
+                model = tf.GPT2LMHeadModel(cfg)
         extra["transformers"] = tf.__version__
 
         def logits_full(ids: torch.Tensor) -> torch.Tensor:

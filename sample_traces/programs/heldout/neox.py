@@ -9,10 +9,8 @@ token ids on the GPU), bf16 autocast, for gpuprof's held-out pairs.
 
 from __future__ import annotations
 
-import itertools
-
 import torch
-from _common import harness, make_optimizer, parser
+from _common import harness, lm_train_step, parser
 
 
 def main() -> None:
@@ -40,19 +38,7 @@ def main() -> None:
     with dev:
         model = tf.GPTNeoXForCausalLM(cfg)
     model.train()
-    opt = make_optimizer("adamw_fused" if a.optim == "fused" else "adamw_forloop", model.parameters(), dev)
-    ids = [torch.randint(0, a.vocab, (a.batch, a.seq), device=dev) for _ in range(2)]
-    count = itertools.count()
-
-    def step() -> None:
-        x = ids[next(count) % 2]
-        with torch.autocast(device_type=dev.type, dtype=torch.bfloat16):
-            out = model(input_ids=x, labels=x)
-        out.loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if a.empty_cache and dev.type == "cuda":
-            torch.cuda.empty_cache()
+    step = lm_train_step(model, a.optim, a.vocab, a.batch, a.seq, dev, a.empty_cache)
 
     harness.record(a, step, {"tokens_per_step": a.batch * a.seq, "transformers": tf.__version__,
                              "params": sum(q.numel() for q in model.parameters())})

@@ -9,6 +9,11 @@ the GPU), bf16 autocast, for gpuprof's held-out pairs.
   --optim sgd_loop             a hand-written momentum-SGD loop over the parameters (the defect;
                                default sgd_foreach: torch.optim.SGD(foreach=True), same update)
   --optim adamw_fused          AdamW(fused=True) (what the ViT programs use)
+  --precision fp32             no autocast: FP32 convolutions and GEMMs at torch's default precision
+                               (round 3; the defect; default bf16 autocast)
+  --input pageable             round 3: the two batches kept in pageable host memory and copied with
+                               ``.to(dev)`` each step (the defect); ``--input pinned``: page-locked and
+                               ``non_blocking=True`` (the fix); default ``device``: already on the GPU
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import itertools
 
 import torch
 import torch.nn.functional as F
-from _common import OPTIMS, NaiveGELU, NaiveLayerNorm, harness, make_optimizer, parser
+from _common import OPTIMS, HostBatches, NaiveGELU, NaiveLayerNorm, harness, make_optimizer, parser
 
 
 def main() -> None:
@@ -29,6 +34,8 @@ def main() -> None:
     p.add_argument("--empty-cache", action="store_true")
     p.add_argument("--elementwise", choices=["fused", "naive"], default="fused")
     p.add_argument("--optim", choices=OPTIMS, default="sgd_foreach")
+    p.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    p.add_argument("--input", choices=["device", "pinned", "pageable"], default="device")
     a = p.parse_args()
     import timm
 
@@ -48,21 +55,26 @@ def main() -> None:
     fmt = torch.channels_last if a.memory_format == "cl" else torch.contiguous_format
     model = model.to(dev).to(memory_format=fmt).train()
     opt = make_optimizer(a.optim, model.parameters(), dev)
-    xs = [torch.randn(batch, 3, img, img, device=dev).contiguous(memory_format=fmt) for _ in range(2)]
-    ys = [torch.randint(0, 1000, (batch,), device=dev) for _ in range(2)]
+    where = dev if a.input == "device" else torch.device("cpu")
+    xs = [torch.randn(batch, 3, img, img, device=where).contiguous(memory_format=fmt) for _ in range(2)]
+    ys = [torch.randint(0, 1000, (batch,), device=where) for _ in range(2)]
+    host = HostBatches([[x, y] for x, y in zip(xs, ys)], a.input == "pinned", dev) if a.input != "device" else None
     count = itertools.count()
 
     def step() -> None:
         k = next(count) % 2
-        with torch.autocast(device_type=dev.type, dtype=torch.bfloat16):
-            loss = F.cross_entropy(model(xs[k]), ys[k])
+        x, y = host.next() if host is not None else (xs[k], ys[k])
+        x = x.contiguous(memory_format=fmt)  # a no-op unless pinning dropped the layout
+        with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+            loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         if a.empty_cache and dev.type == "cuda":
             torch.cuda.empty_cache()
 
-    harness.record(a, step, {"images_per_step": batch, "arch": a.arch, "timm": timm.__version__,
+    harness.record(a, step, {"images_per_step": batch, "arch": a.arch, "precision": a.precision, "input": a.input,
+                             "timm": timm.__version__,
                              "params": sum(q.numel() for q in model.parameters())})
 
 
