@@ -22,8 +22,10 @@ and written in FP8: about the GEMM's own bytes moved once more at the memory roo
 separate eager kernels cost far more (an amax reduction and a cast per operand per product: the
 eager ``_scaled_mm`` twin of that pair realised -0.5 %), which the evidence and the fix say.
 
-FP32 CNNs (convolutions carry at least ``CNN_CONV_SHARE`` of the matrix time): the fix is the CNN
-recipe, autocast *and* channels-last together, and the estimate assumes both: besides the matrix
+FP32 CNNs (convolutions carry at least ``CNN_CONV_SHARE`` of the matrix time): where the trace shows
+NCHW (what :mod:`gpuprof.analyzers.memory_format` reads: layout transforms, NCHW batch-norm/pooling
+kernels, NCHW/NHWC copies) the fix is the CNN recipe, autocast *and* channels-last together, and
+the estimate assumes both; a channels-last FP32 CNN is told autocast alone. Besides the matrix
 kernels, the FP32 memory-bound activation kernels (elementwise, norm, pooling, reductions, copies)
 move half the bytes in bf16 (same achieved bandwidth, half the time), and channels-last removes
 the cuDNN layout transforms (:mod:`gpuprof.analyzers.memory_format`).
@@ -36,7 +38,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from gpuprof.claims import Candidate
 from gpuprof.analyzers._base import ms, top_names
-from gpuprof.analyzers.memory_format import nchw_parts
+from gpuprof.analyzers.memory_format import layout_conversions, nchw_parts
 
 if TYPE_CHECKING:
     from gpuprof.rank import RankView
@@ -90,10 +92,14 @@ def fp32(v: RankView) -> list[Candidate]:
     conv_time = sel.loc[sel["family"].astype(str) == "conv", "dur"].sum()
     cnn = conv_time >= CNN_CONV_SHARE * sel["dur"].sum()
     cnn_ms = 0.0
+    nchw = False
     if cnn:
         fam = k["family"].astype(str)
         act = k[fam.isin(ACTIVATION) & (k["dtype"] == "fp32") & np.isfinite(k["t_roof_us"])]
-        xf, _, _ = nchw_parts(v)
+        xf, slow, _ = nchw_parts(v)
+        # NCHW as the memory_format analyzer sees it (layout transforms, NCHW batch-norm/pooling
+        # kernels, NCHW/NHWC conversion copies); a channels-last FP32 model is told autocast only
+        nchw = not (xf.empty and slow.empty and layout_conversions(v).empty)
         extra = {**v.kernel_units(act.index, act["dur"] / 2), **v.kernel_units(xf.index, xf["dur"])}
         extra.update(v.inner_gap_units(xf.index))
         units.update(extra)
@@ -104,10 +110,10 @@ def fp32(v: RankView) -> list[Candidate]:
         id="GP-PREC-001", category="precision",
         title=f"{frac:.0f}% of step time is FP32 matrix math"
               + (" on CUDA cores (no tensor cores)" if len(cuda) > len(sel) / 2 else " (TF32)")
-              + (", with FP32 NCHW activations around the convolutions" if cnn else ""),
+              + (f", with FP32{' NCHW' if nchw else ''} activations around the convolutions" if cnn else ""),
         confidence="high",
         recommendation=("A CNN: convert the model and inputs to channels-last "
-                        "(`model.to(memory_format=torch.channels_last)`, inputs likewise) and r" if cnn else "R")
+                        "(`model.to(memory_format=torch.channels_last)`, inputs likewise) and r" if nchw else "R")
                        + _autocast_advice(half, _training(v), spec.has("tf32")) + "."
                        + (" On this GPU large GEMMs can go further with FP8 (Transformer Engine, torchao float8 "
                           "with torch.compile)." if spec.fp8_tensor_cores else ""),
@@ -124,7 +130,8 @@ def fp32(v: RankView) -> list[Candidate]:
             "estimate": f"each kernel keeps its % of roofline at the {half} tensor-core peak "
                         f"({spec.peak(half):g} TFLOP/s on the {spec.name}) with half the "
                         "bytes" + ("; a CNN: assumes autocast AND channels_last together (FP32 activation "
-                                   "kernels at half the bytes, cuDNN layout transforms removed)" if cnn else ""),
+                                   "kernels at half the bytes, cuDNN layout transforms removed)" if nchw else
+                                   "; a CNN: FP32 activation kernels at half the bytes" if cnn else ""),
         },
     ))
     return out

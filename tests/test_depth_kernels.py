@@ -141,6 +141,15 @@ def test_fp32_cnn_precision_assumes_amp_and_channels_last(bad: str, good: str) -
     assert abs(f.estimated_savings_ms - gpu_side) <= 0.2 * gpu_side, (f.estimated_savings_ms, gpu_side)
 
 
+def test_fp32_channels_last_cnn_is_told_autocast_not_channels_last() -> None:
+    """A channels-last FP32 CNN (held-out Inception-v3, real H200 trace: its kernels are the NHWC
+    ones, no layout transforms) is told autocast only; the NCHW twins above get both."""
+    f = finding("ho3_inception_fp32", "precision")
+    assert f is not None and f.evidence["cnn_amp_channels_last_ms_per_step"] is not None
+    assert "NCHW" not in f.title and "channels_last" not in f.recommendation and "autocast" in f.recommendation
+    assert "NCHW" in finding("resnet50_fp32_nchw", "precision").title  # type: ignore[union-attr]
+
+
 def test_fp32_transformer_precision_is_not_the_cnn_recipe() -> None:
     f = finding("gpt_fp32", "precision")
     assert f is not None and f.evidence["cnn_amp_channels_last_ms_per_step"] is None
