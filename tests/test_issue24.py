@@ -82,7 +82,7 @@ def test_no_update_loop_where_none_was_written(name: str) -> None:
 
 NOT_KV = ["ho_qwen2_cache", "ho_decoder_cache", "decode_b1", "decode_b64", "gpt_decode_b1", "gpt_decode_b1_graph",
           "llama_generate_b1", "llama_generate_b1_static", "gpt_bf16", "llama_bf16", "resnet50_bf16_cl",
-          "ho_deberta_per_request", "ho_mnv3_per_request", "ho_vits16", "ho_neox"]
+          "ho_deberta_per_request", "ho_mnv3_per_request", "ho_vits16", "ho_neox", "ho3_gpt2_cache", "ho3_gemma"]
 NOT_BATCHING = ["ho_deberta_batched", "ho_mnv3_batched", "ho_qwen2_nocache", "ho_qwen2_cache", "ho_decoder_nocache",
                 "decode_b1", "decode_b64", "gpt_decode_b1", "gpt_decode_b1_graph", "llama_generate_b1",
                 "llama_generate_b1_static", "mlp_eager", "tiny_eager", "gpt_bf16", "resnet50_bf16_cl", "ho_mixer"]
@@ -100,6 +100,15 @@ def test_decoding_without_a_cache_names_the_kv_cache_first(name: str) -> None:
     assert f.evidence["gpu_ms_per_step_cached"] < 0.25 * f.evidence["gpu_ms_per_step_passes_after_first"]
     launch = finding(a, "launch_overhead")
     assert launch is None or launch.estimated_savings_ms < f.estimated_savings_ms
+
+
+def test_a_third_decoder_is_seen_decoding_without_a_cache() -> None:
+    """Held-out round 3 (transformers GPT-2, a family nothing here was tuned on): the rule sees the
+    eight growing passes. Not asserted first: with its unprofiled step time the estimate ranks it
+    fourth (0.8 ms against 10.4 realised; docs/accuracy.md says why: its host-bound cached twin)."""
+    f = finding(analysed("ho3_gpt2_nocache"), "kv_cache")
+    assert f is not None and f.evidence["passes_per_step"] == 8
+    assert f.evidence["tokens_first_pass"] == 1024 and f.evidence["tokens_last_pass"] == 1031
 
 
 @pytest.mark.parametrize("name", NOT_KV)
