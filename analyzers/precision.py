@@ -7,7 +7,10 @@ autocast with a ``GradScaler`` (FP16's range needs the loss scaled in training) 
 tensor cores only (V100, T4, RTX 20xx: no BF16, no TF32, so neither is advised there).
 Estimate: each such kernel keeps its achieved fraction of the roofline after the fix, so its time
 becomes ``dur × t_roof(half) / t_roof(now)``, at that 16-bit type's tensor peak and with half the
-bytes. Evidence: the kernels, their engine, TFLOP/s and roofline position, and the dtype priced.
+bytes; the replay (gpuprof.replay.fixes) adds the host work autocast brings, one weight cast
+per call of each forward convolution/linear op, forward and in training backward, at the trace's
+own host cost per recorded op, which a host-bound step pays in full. Evidence: the kernels, their
+engine, TFLOP/s and roofline position, and the dtype priced.
 
 ``GP-PREC-002`` (FP8) — Why: on Hopper and newer the tensor cores run FP8 at twice the BF16 rate;
 a step whose time is mostly BF16/FP16 GEMMs at their compute roof can nearly halve it. Trigger: a
@@ -129,7 +132,7 @@ def fp32(v: RankView) -> list[Candidate]:
             "priced_dtype": half, "priced_peak_tflops": spec.peak(half),
             "estimate": f"each kernel keeps its % of roofline at the {half} tensor-core peak "
                         f"({spec.peak(half):g} TFLOP/s on the {spec.name}) with half the "
-                        "bytes" + ("; a CNN: assumes autocast AND channels_last together (FP32 activation "
+                        "bytes; autocast's weight casts added to the host (replayed)" + ("; a CNN: assumes autocast AND channels_last together (FP32 activation "
                                    "kernels at half the bytes, cuDNN layout transforms removed)" if nchw else
                                    "; a CNN: FP32 activation kernels at half the bytes" if cnn else ""),
         },

@@ -94,6 +94,36 @@ def test_faster_kernels_save_their_time_when_the_gpu_is_the_bottleneck(tmp_path:
     assert abs(host.saving_ms) < 0.05 * host.before_ms
 
 
+def test_host_work_a_fix_adds_costs_a_launch_bound_step_in_full(tmp_path: Path) -> None:
+    """tf.add_host (the casts autocast inserts): a launch-bound SYNTHETIC step grows by what is
+    added (repeats add up); a GPU-bound one hides it behind its kernels."""
+    bound = build([_synthetic(tmp_path, host_gap=20.0, kernel_us=4.0)])
+    calls = np.flatnonzero(bound.h_step >= 0)[:10]
+    w = what_if(bound, [lambda x: tf.add_host(x, np.r_[calls, calls], np.full(2 * len(calls), 5.0))])
+    assert w.saving_ms == pytest.approx(-0.1, abs=0.01)  # 20 additions of 5 µs
+    gpu = build([_synthetic(tmp_path, host_gap=1.0, kernel_us=50.0)])
+    w = what_if(gpu, [lambda x: tf.add_host(x, np.flatnonzero(x.h_step >= 0)[:10], np.full(10, 5.0))])
+    assert abs(w.saving_ms) < 0.01 * w.before_ms
+
+
+def test_autocast_prices_its_casts_on_a_host_bound_cnn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The precision fix adds autocast's weight casts to the host (gpuprof.replay.fixes
+    ._autocast_casts): on the held-out Inception-v3 FP32 trace (real H200; 95 weight ops, training,
+    a step the host nearly holds) they take milliseconds off the promised saving."""
+    import gpuprof
+    import gpuprof.replay.fixes as fixes
+    from benchmarks.pairs import step_ms, trace_path
+
+    def saving() -> float:
+        a = gpuprof.analyze(trace_path("ho3_inception_fp32"), step_ms=step_ms("ho3_inception_fp32"), cache=False)
+        return next(f.estimated_savings_ms for f in a.findings if f.category == "precision")
+
+    with_casts = saving()
+    monkeypatch.setattr(fixes, "AUTOCAST_CAST_OPS", 0)
+    monkeypatch.setattr(fixes, "AUTOCAST_CAST_BACKWARD_OPS", 0)
+    assert 0 < with_casts < saving() - 1.0
+
+
 def test_dropping_a_sync_lets_the_host_run_ahead(tmp_path: Path) -> None:
     t = _synthetic(tmp_path, host_gap=8.0, kernel_us=30.0, sync_at=20)
     g = build([t])

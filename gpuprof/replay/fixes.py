@@ -6,7 +6,9 @@ those units into :mod:`gpuprof.replay.transforms`; :mod:`gpuprof.pricing` replay
 and without each fix and decides what each finding's estimate is.
 
 * kernel units ``("k", rank, row)``: that kernel runs ``(dur − saved) / dur`` as long; one the fix
-  does away with (``saved >= dur``: a layout transpose) goes with its launch. For a fusion
+  does away with (``saved >= dur``: a layout transpose) goes with its launch. ``precision`` also
+  adds the host work autocast brings (:func:`_autocast_casts`: a weight cast per forward
+  convolution/linear call, and its backward in training). For a fusion
   (``FUSING``) each run of claimed kernels back to back on one stream (a memset their own ops
   issue between them does not end it) becomes one kernel of the run's new time, and the other
   kernels' launches and the host work before them go. ``compile``
@@ -254,6 +256,8 @@ def apply(g: Graph, v: RankView, category: str, units: dict[tuple[Any, ...], flo
             # a kernel the fix does away with (a layout transpose) goes with its launch
             gone = m_.fix("gone", lambda: sel & (fac[np.minimum(g.a_row, len(fac) - 1)] <= 0.0))
             g = tf.remove_activities(g, gone)
+    if category == "precision" and len(k_rows):
+        g = _autocast_casts(g, v, k_rows, m_)
     m_rows, saved_m = parsed.get("m", _NONE)
     if len(m_rows):
         def copy_durations() -> np.ndarray:
@@ -281,6 +285,64 @@ def apply(g: Graph, v: RankView, category: str, units: dict[tuple[Any, ...], flo
     if tails:
         g = _tail_fix(g, v, tails)
     return g
+
+
+#: Forward ops that take a weight operand autocast casts to 16 bits on every call.
+AUTOCAST_WEIGHT_OPS = ("aten::convolution", "aten::linear", "aten::addmm")
+#: Recorded ops of one autocast weight cast: forward ``aten::to`` > ``aten::_to_copy`` >
+#: ``aten::empty_strided``, ``aten::copy_``; in training also its backward
+#: (``autograd::engine::evaluate_function: ToCopyBackward0``, ``ToCopyBackward0`` and the same four).
+AUTOCAST_CAST_OPS, AUTOCAST_CAST_BACKWARD_OPS = 4, 6
+#: How far up the op tree from a kernel's own op its weight op is looked for.
+_OWNER_DEPTH = 6
+
+
+def _autocast_casts(g: Graph, v: RankView, k_rows: np.ndarray, memo: FixMemo) -> Graph:
+    """The host work autocast adds, which a host-bound step pays in full: one weight cast per
+    call of each forward weight op (:data:`AUTOCAST_WEIGHT_OPS`) whose FP32 kernels the fix
+    converts, forward and (training) backward, each priced at this trace's own host cost per
+    recorded op (the replayed host's busy time per step over the ops recorded per step), added to
+    the launch of that op's first converted kernel."""
+    def where() -> tuple[np.ndarray, int]:
+        """(the launch calls that carry the casts, the ops recorded per cast): the graph's structure only."""
+        t = v.trace
+        ops, k = t.ops, t.kernels
+        if not len(ops) or "parent" not in ops.columns or "op" not in k.columns:
+            return np.zeros(0, np.int64), 0
+        names = ops["name"].astype(str).to_numpy()
+        parent = ops["parent"].to_numpy(dtype=np.int64)
+        weight_op = np.isin(names, AUTOCAST_WEIGHT_OPS)
+        rows = np.sort(np.asarray(k_rows, dtype=np.int64))
+        cur = k["op"].to_numpy(dtype=np.int64)[rows]
+        owner = np.full(len(rows), -1, dtype=np.int64)
+        for _ in range(_OWNER_DEPTH):
+            ok = cur >= 0
+            hit = ok & (owner < 0) & weight_op[np.maximum(cur, 0)]
+            owner[hit] = cur[hit]
+            cur = np.where(ok, parent[np.maximum(cur, 0)], -1)
+        mine = owner >= 0
+        if not mine.any():
+            return np.zeros(0, np.int64), 0
+        _, first = np.unique(owner[mine], return_index=True)
+        first_rows = rows[mine][first]  # each weight op's first converted kernel
+        i = g.ranks.index(v.rank)
+        acts = np.flatnonzero((g.a_rank == i) & (g.a_kind == 0))
+        act_of = np.full(len(k), -1, dtype=np.int64)
+        act_of[g.a_row[acts]] = acts
+        pos = act_of[first_rows]
+        calls = g.a_launch[pos[pos >= 0]]
+        training = bool(pd.Series(names).str.contains("Backward|autograd::engine", regex=True).any())
+        return calls[calls >= 0], AUTOCAST_CAST_OPS + (AUTOCAST_CAST_BACKWARD_OPS if training else 0)
+
+    calls, per_cast = memo.fix("autocast_casts", where)
+    if not len(calls):
+        return g
+    i = g.ranks.index(v.rank)
+    in_step = (g.h_rank == i) & (g.h_step >= 0)
+    n = max(v.n_steps, 1)
+    busy = float((np.maximum(g.h_gap[in_step], 0.0) + g.h_dur[in_step]).sum()) / n
+    per_op = busy / max(len(v.trace.ops) / n, 1.0)
+    return tf.add_host(g, calls, np.full(len(calls), per_op * per_cast))
 
 
 def _tail_fix(g: Graph, v: RankView, saved: dict[int, float]) -> Graph:

@@ -105,6 +105,14 @@ def shrink_latency(g: Graph, acts: np.ndarray, factor: float | np.ndarray) -> Gr
     return replace(g, a_lat=lat)
 
 
+def add_host(g: Graph, calls: np.ndarray, add_us: np.ndarray) -> Graph:
+    """Host work a fix adds: call ``calls[j]`` (indices, repeats allowed) takes ``add_us[j]`` µs
+    longer (e.g. the casts autocast inserts before a matrix op)."""
+    d = g.h_dur.copy()
+    np.add.at(d, np.asarray(calls, dtype=np.int64), np.asarray(add_us, dtype=float))
+    return replace(g, h_dur=d)
+
+
 def set_host_cost(g: Graph, calls: np.ndarray, per_call_us: float) -> Graph:
     """The selected calls cost ``per_call_us`` each with no host work between them (a CUDA
     graph: one launch for many kernels)."""
