@@ -49,7 +49,7 @@ import numpy as np
 import pandas as pd
 from gpuprof.claims import Candidate, Unit
 from gpuprof.rank import RankView
-from gpuprof.idle import graph_capture_calls, in_graph, name_mask, optimizer_spans
+from gpuprof.idle import graph_capture_calls, in_graph, name_mask
 from gpuprof.analyzers._base import ms, shape_codes, top_names
 
 
@@ -127,6 +127,14 @@ def split_passes(name: str, dims: Any, concrete: Any) -> int:
     return 0
 
 
+def _str_codes(values: np.ndarray) -> tuple[np.ndarray, int]:
+    """A code per value, equal where ``str`` of the values is (each distinct value converted once),
+    and how many codes there are."""
+    codes, uniq = pd.factorize(values, use_na_sentinel=False)
+    same, text = pd.factorize(np.array([str(u) for u in uniq], dtype=object))
+    return same[codes], max(len(text), 1)
+
+
 def _split_kernels(ops: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     """``split_passes`` of each distinct op row in ``rows``, computed once per distinct (name,
     dims, concrete inputs): a step repeats the same ops thousands of times."""
@@ -136,9 +144,11 @@ def _split_kernels(ops: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     if not len(r):
         return np.zeros(0)
     sub = ops.iloc[r]
-    key = (sub["name"].astype(object).map(str) + "\x00" + sub["input_dims"].astype(object).map(str) + "\x00"
-           + sub["concrete_inputs"].astype(object).map(str)).to_numpy()
-    codes, uniq = pd.factorize(key)
+    key = np.zeros(len(sub), dtype=np.int64)
+    for col in ("name", "input_dims", "concrete_inputs"):  # the three read as text, as one key
+        c, n = _str_codes(sub[col].astype(object).to_numpy())
+        key = key * n + c
+    codes, _ = pd.factorize(key)
     first = np.unique(codes, return_index=True)[1]
     per = np.array([split_passes(str(sub["name"].iloc[i]), parse_arg(sub["input_dims"].iloc[i]),
                                  parse_arg(sub["concrete_inputs"].iloc[i])) for i in first], dtype=np.float64)
@@ -198,7 +208,7 @@ def _outside_model(v: RankView) -> pd.Series:
     """Kernels launched by the optimizer (its own work in ``Optimizer.step#``/``zero_grad#``
     spans, :func:`gpuprof.idle.optimizer_spans`) or by a per-parameter update loop no optimizer
     annotated (:func:`gpuprof.hostops.update_loops`): ``torch.compile(model)`` leaves them as they are."""
-    spans = optimizer_spans(v.trace, zero_grad=True)
+    spans = v.optimizer_spans(zero_grad=True)
     k = v.kernels
     loop = v.in_update_loop()  # an unannotated per-parameter update loop stays eager as well
     if spans.empty:

@@ -97,6 +97,21 @@ class RankView:
                     real_dur[m] *= budget / total
                 budget = max(0.0, budget - real_dur[m].sum())
         self.gaps = g.assign(events=n, real_dur=real_dur)
+        self._optimizer_spans: dict[bool, pd.DataFrame] = {}
+        self._update_loops: pd.DataFrame | None = None
+
+    def optimizer_spans(self, zero_grad: bool = False) -> pd.DataFrame:
+        """:func:`gpuprof.idle.optimizer_spans` of the rank's trace, read once per view: the
+        analyzers and the replay ask for them a dozen times. Read-only, like the trace."""
+        if zero_grad not in self._optimizer_spans:
+            self._optimizer_spans[zero_grad] = optimizer_spans(self.trace, zero_grad=zero_grad)
+        return self._optimizer_spans[zero_grad]
+
+    def update_loops(self) -> pd.DataFrame:
+        """:func:`gpuprof.hostops.update_loops` of the rank's trace, read once per view. Read-only."""
+        if self._update_loops is None:
+            self._update_loops = update_loops(self.trace, self.optimizer_spans())
+        return self._update_loops
 
     def kernel_units(self, rows: Iterable[int], saved_us: np.ndarray | pd.Series) -> dict[Unit, float]:
         return units_of("k", self.rank, rows, saved_us)
@@ -120,7 +135,7 @@ class RankView:
         """Kernels the optimizer launched: inside its own work of an ``Optimizer.step#...`` span
         (torch.optim records one per step; :func:`gpuprof.idle.optimizer_spans` leaves out a
         training closure run inside it)."""
-        spans = optimizer_spans(self.trace)
+        spans = self.optimizer_spans()
         k = self.kernels
         if spans.empty:
             return pd.Series(False, index=k.index)
@@ -133,7 +148,7 @@ class RankView:
         """Kernels launched by a per-parameter update loop that no optimizer annotated
         (:func:`gpuprof.hostops.update_loops`: the same few ops once per parameter after backward),
         on the loop's thread."""
-        loops = update_loops(self.trace)
+        loops = self.update_loops()
         k = self.kernels
         if loops.empty:
             return pd.Series(False, index=k.index)

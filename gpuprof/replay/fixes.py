@@ -380,14 +380,13 @@ def _compiled_host(before: Graph, g: Graph, v: RankView, gone: np.ndarray, memo:
     kernels kept: the launches that went took the host work before each with them, and the
     rest (the Python and the ops that launch no kernel, which the compiled graph no longer runs)
     shrinks by what is left to take."""
-    from gpuprof.hostops import update_loops
-    from gpuprof.idle import HOST_WORK_MIN_US, optimizer_spans, time_in_ops
+    from gpuprof.idle import HOST_WORK_MIN_US, time_in_ops
 
     i = g.ranks.index(v.rank)
 
     def model_region() -> tuple[np.ndarray, np.ndarray]:
         # the update stays eager: torch.optim's steps, or a per-parameter loop no optimizer annotated
-        opt = pd.concat([optimizer_spans(v.trace, zero_grad=True), update_loops(v.trace)[["ts", "end", "tid"]]],
+        opt = pd.concat([v.optimizer_spans(zero_grad=True), v.update_loops()[["ts", "end", "tid"]]],
                         ignore_index=True)
         spans = list(zip(opt["ts"].to_numpy(dtype=float), opt["end"].to_numpy(dtype=float), opt["tid"].to_numpy()))
         region = ((g.h_rank == i) & (g.h_step >= 0)
