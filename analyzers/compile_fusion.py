@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import json
 import re
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -143,15 +144,16 @@ def _split_kernels(ops: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     r = np.unique(rows[(rows >= 0) & (rows < len(ops))])
     if not len(r):
         return np.zeros(0)
-    sub = ops.iloc[r]
-    key = np.zeros(len(sub), dtype=np.int64)
-    for col in ("name", "input_dims", "concrete_inputs"):  # the three read as text, as one key
-        c, n = _str_codes(sub[col].astype(object).to_numpy())
+    # the rows' columns alone: a row selection of the whole frame would copy its wide object columns
+    name, dims, concrete = (ops[c].iloc[r].astype(object).to_numpy() for c in ("name", "input_dims", "concrete_inputs"))
+    key = np.zeros(len(r), dtype=np.int64)
+    for col in (name, dims, concrete):  # the three read as text, as one key
+        c, n = _str_codes(col)
         key = key * n + c
     codes, _ = pd.factorize(key)
     first = np.unique(codes, return_index=True)[1]
-    per = np.array([split_passes(str(sub["name"].iloc[i]), parse_arg(sub["input_dims"].iloc[i]),
-                                 parse_arg(sub["concrete_inputs"].iloc[i])) for i in first], dtype=np.float64)
+    per = np.array([split_passes(str(name[i]), parse_arg(dims[i]), parse_arg(concrete[i])) for i in first],
+                   dtype=np.float64)
     return per[codes]
 
 
@@ -201,7 +203,7 @@ def _host_gap_units(v: RankView, share: float) -> dict[Unit, float]:
     m = (g["cause"].isin(["launch", "other"]).to_numpy() & (g["step"] >= 0).to_numpy() & ~in_opt
          & (g["real_dur"] > 0).to_numpy())
     sel = g[m]
-    return dict(zip((("gap", v.rank, int(i)) for i in sel.index), (sel["real_dur"] * share).tolist()))
+    return dict(zip(zip(repeat("gap"), repeat(v.rank), sel.index.tolist()), (sel["real_dur"] * share).tolist()))
 
 
 def _outside_model(v: RankView) -> pd.Series:
@@ -291,7 +293,7 @@ def run(v: RankView) -> list[Candidate]:
     # kernel still changes, its launch goes) and the launch gaps before the kernels that go;
     # the replay of the Inductor kernels (gpuprof.replay.fixes) is the estimate
     rows = plan.index[touched]
-    units: dict[Unit, float] = dict(zip((("k", v.rank, int(r)) for r in rows),
+    units: dict[Unit, float] = dict(zip(zip(repeat("k"), repeat(v.rank), rows.tolist()),
                                         np.maximum(dur - after, 0.0)[touched].tolist()))
     units.update(_host_gap_units(v, 1.0 - (kernels - removed) / kernels if kernels else 0.0))
     n_runs = plan["run"].nunique() / n

@@ -45,6 +45,12 @@ def result_of(t: RankTrace, spec: GpuSpec | None, step_ms: float | None = None, 
 
 
 
+def _row_array(rows: Iterable[int]) -> np.ndarray:
+    out: np.ndarray = np.asarray(rows if isinstance(rows, (np.ndarray, pd.Index, pd.Series)) else list(rows),
+                                 dtype=np.int64)
+    return out
+
+
 class RankView:
     """What every analyzer reads of one rank: its kernels with their roofline columns, restricted
     to the profiled steps; its idle gaps classified (:func:`gpuprof.idle.classify_gaps`), each with
@@ -123,13 +129,12 @@ class RankView:
         g = self.gaps
         if g.empty:
             return {}
-        want = set(int(r) for r in rows) - set(int(r) for r in exclude_first)
-        hit = (g["next_kind"] == "kernel").to_numpy() & g["next_row"].isin(want).to_numpy()
+        mine, first = _row_array(rows), _row_array(exclude_first)
+        hit = (g["next_kind"] == "kernel").to_numpy() & np.isin(g["next_row"].to_numpy(), np.setdiff1d(mine, first))
         if after:
-            hit |= (g["prev_kind"] == "kernel").to_numpy() & g["prev_row"].isin(set(int(r) for r in rows)).to_numpy()
+            hit |= (g["prev_kind"] == "kernel").to_numpy() & np.isin(g["prev_row"].to_numpy(), mine)
         m = hit & g["cause"].isin(["launch", "other"]).to_numpy()
-        sel = g[m]
-        return {("gap", self.rank, int(i)): float(d) for i, d in zip(sel.index, sel["real_dur"]) if d > 0}
+        return units_of("gap", self.rank, g.index[m], g["real_dur"].to_numpy()[m])
 
     def in_optimizer(self) -> pd.Series:
         """Kernels the optimizer launched: inside its own work of an ``Optimizer.step#...`` span
