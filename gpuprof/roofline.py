@@ -51,6 +51,7 @@ import pandas as pd
 from gpuprof.costmodel import MATMUL_FAMILIES, TENSORLIST_ELT, kernel_elt_bytes, op_costs
 from gpuprof.specs import GpuSpec
 from gpuprof.trace.model import RankTrace
+from gpuprof.trace.names import text_array
 
 LATENCY_PCT = 20.0
 SHORT_US = 10.0
@@ -131,16 +132,6 @@ def _coalesced_ops(ops: pd.DataFrame, op: np.ndarray, wanted: np.ndarray) -> np.
     return out
 
 
-def _text_column(values: np.ndarray) -> Any:
-    """The column pandas makes of an object array of names (text where every value present is
-    text, else the objects as they are), built from its distinct values: inferring it row by row
-    costs ~3 µs a row."""
-    if pd.api.types.infer_dtype(values, skipna=True) != "string":
-        return values
-    codes, uniq = pd.factorize(values)
-    return pd.Index(uniq, dtype=str).array.take(codes, allow_fill=True)
-
-
 def _hopper(trace: RankTrace, spec: GpuSpec | None) -> bool:
     """Hopper or newer NVIDIA (compute capability 9+), from the spec or the trace's device."""
     arch = spec.arch if spec is not None else ""
@@ -190,11 +181,11 @@ def classify(trace: RankTrace, spec: GpuSpec | None) -> pd.DataFrame:
     math_dtype = np.where(has & pd.notna(dtype), math_dtype, np.full(len(math_dtype), None, dtype=object))
 
     out = pd.DataFrame(index=k.index)
-    out["op_name"] = _text_column(op_name)
-    out["family"] = _text_column(family)
-    out["dtype"] = _text_column(dtype)
-    out["engine"] = _text_column(engine)
-    out["math_dtype"] = _text_column(math_dtype)
+    out["op_name"] = text_array(op_name)
+    out["family"] = text_array(family)
+    out["dtype"] = text_array(dtype)
+    out["engine"] = text_array(engine)
+    out["math_dtype"] = text_array(math_dtype)
     out["flops"] = flops
     out["bytes"] = nbytes
     if spec is None:

@@ -201,6 +201,16 @@ def text_values(col: pd.Series) -> np.ndarray:
     return values
 
 
+def text_array(values: np.ndarray) -> Any:
+    """The column pandas makes of an object array of names (text where every value present is
+    text, else the objects as they are), built from its distinct values: inferring it row by row
+    costs ~3 µs a row."""
+    if pd.api.types.infer_dtype(values, skipna=True) != "string":
+        return values
+    codes, uniq = pd.factorize(values)
+    return pd.Index(uniq, dtype=str).array.take(codes, allow_fill=True)
+
+
 def call_kinds(names: pd.Series) -> np.ndarray:
     """:func:`call_kind` of every call in a runtime name column (evaluated once per distinct name)."""
     return per_category(names, call_kind)
