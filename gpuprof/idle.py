@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from gpuprof.trace.model import RankTrace
-from gpuprof.trace.names import ALLOCATOR_CALLS, GRAPH_LAUNCH_CALLS, SYNC_CALLS, call_kinds, text_array
+from gpuprof.trace.names import ALLOCATOR_CALLS, GRAPH_LAUNCH_CALLS, SYNC_CALLS, call_kinds
 
 #: Gap causes in the order the real (unprofiled) idle budget is given out: device round trips
 #: first (little host work inside them), then stalls and input, then host work, which the
@@ -486,7 +486,7 @@ def classify_gaps(t: RankTrace) -> pd.DataFrame:
     # long gap (a worker queue that was ready) does not make it an input stall
     loader_cov = covered(ls, le, gs, ge) if len(ls) else np.zeros(len(g))
     cause[in_loader & late & (loader_cov >= 0.5 * dur)] = "input"
-    return g.assign(cause=text_array(cause), call_row=call_row, call_us=call_us, op_row=op_row, op_us=op_us, launch_tid=tids, **{c: outside[c].to_numpy() for c in outside.columns})
+    return g.assign(cause=cause, call_row=call_row, call_us=call_us, op_row=op_row, op_us=op_us, launch_tid=tids, **{c: outside[c].to_numpy() for c in outside.columns})
 
 def outermost_aten(ops: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     """For each op row, the outermost op of the chain of ``aten::`` ops it is nested in (itself if

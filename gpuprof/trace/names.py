@@ -179,7 +179,7 @@ def per_category(names: pd.Series, fn: Callable[[str], Any], dtype: Any = object
 
 def text(col: pd.Series) -> pd.Series:
     """``col.astype(str)``, a categorical column's categories converted once and its rows taken
-    from them: the per-row conversion pandas does costs ~3 µs a row (0.5 s on 160k ops)."""
+    from them (160k op names: ~2 ms instead of ~10 ms)."""
     if not isinstance(col.dtype, pd.CategoricalDtype):
         return col.astype(str)
     cats = col.cat.categories.astype(str)
@@ -188,7 +188,8 @@ def text(col: pd.Series) -> pd.Series:
 
 def text_values(col: pd.Series) -> np.ndarray:
     """``col.astype(str).to_numpy()`` (an object array; NaN where the value is missing), a
-    categorical column's categories converted once."""
+    categorical column's categories converted once (160k op names: ~1 ms instead of ~17 ms, which
+    build a Python string per row)."""
     if not isinstance(col.dtype, pd.CategoricalDtype):
         out: np.ndarray = col.astype(str).to_numpy()
         return out
@@ -203,8 +204,8 @@ def text_values(col: pd.Series) -> np.ndarray:
 
 def text_array(values: np.ndarray) -> Any:
     """The column pandas makes of an object array of names (text where every value present is
-    text, else the objects as they are), built from its distinct values: inferring it row by row
-    costs ~3 µs a row."""
+    text, else the objects as they are), built from its distinct values rather than row by row
+    (the roofline's five text columns, 25k kernels: ~10 ms instead of ~13 ms)."""
     if pd.api.types.infer_dtype(values, skipna=True) != "string":
         return values
     codes, uniq = pd.factorize(values)
