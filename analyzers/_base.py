@@ -68,7 +68,14 @@ def per_shape(ops: pd.DataFrame, rows: Iterable[int], fn: Any, by_name: bool = F
 
 def top_names(k: pd.DataFrame, n: int = 5, by: str = "dur") -> list[dict[str, Any]]:
     """The heaviest kernel names in ``k``: name, count, total µs (evidence rows)."""
-    g = k.groupby(k["name"].astype(str))[by].agg(["size", "sum"]).sort_values("sum", ascending=False).head(n)
+    names = k["name"].astype("category")
+    codes = names.cat.codes.to_numpy()
+    # grouped by category code, not by the names as text (a conversion per row): the same groups,
+    # then ordered by name as a groupby on the text orders them, so ties keep their order
+    g = k[by].groupby(codes).agg(["size", "sum"])
+    g = g[g.index >= 0]
+    g.index = names.cat.categories.astype(str)[g.index.to_numpy()]
+    g = g.sort_index().sort_values("sum", ascending=False).head(n)
     return [{"kernel": name, "count": int(row["size"]), "total_us": round(float(row["sum"]), 1)} for name, row in g.iterrows()]
 
 

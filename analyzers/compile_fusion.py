@@ -43,13 +43,14 @@ from __future__ import annotations
 
 import json
 import re
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 from gpuprof.claims import Candidate, Unit
 from gpuprof.rank import RankView
-from gpuprof.idle import graph_capture_calls, in_graph, name_mask, optimizer_spans
+from gpuprof.idle import graph_capture_calls, in_graph, name_mask
 from gpuprof.analyzers._base import ms, shape_codes, top_names
 
 
@@ -127,6 +128,14 @@ def split_passes(name: str, dims: Any, concrete: Any) -> int:
     return 0
 
 
+def _str_codes(values: np.ndarray) -> tuple[np.ndarray, int]:
+    """A code per value, equal where ``str`` of the values is (each distinct value converted once),
+    and how many codes there are."""
+    codes, uniq = pd.factorize(values, use_na_sentinel=False)
+    same, text = pd.factorize(np.array([str(u) for u in uniq], dtype=object))
+    return same[codes], max(len(text), 1)
+
+
 def _split_kernels(ops: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     """``split_passes`` of each distinct op row in ``rows``, computed once per distinct (name,
     dims, concrete inputs): a step repeats the same ops thousands of times."""
@@ -135,13 +144,16 @@ def _split_kernels(ops: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     r = np.unique(rows[(rows >= 0) & (rows < len(ops))])
     if not len(r):
         return np.zeros(0)
-    sub = ops.iloc[r]
-    key = (sub["name"].astype(object).map(str) + "\x00" + sub["input_dims"].astype(object).map(str) + "\x00"
-           + sub["concrete_inputs"].astype(object).map(str)).to_numpy()
-    codes, uniq = pd.factorize(key)
+    # the rows' columns alone: a row selection of the whole frame would copy its wide object columns
+    name, dims, concrete = (ops[c].iloc[r].astype(object).to_numpy() for c in ("name", "input_dims", "concrete_inputs"))
+    key = np.zeros(len(r), dtype=np.int64)
+    for col in (name, dims, concrete):  # the three read as text, as one key
+        c, n = _str_codes(col)
+        key = key * n + c
+    codes, _ = pd.factorize(key)
     first = np.unique(codes, return_index=True)[1]
-    per = np.array([split_passes(str(sub["name"].iloc[i]), parse_arg(sub["input_dims"].iloc[i]),
-                                 parse_arg(sub["concrete_inputs"].iloc[i])) for i in first], dtype=np.float64)
+    per = np.array([split_passes(str(name[i]), parse_arg(dims[i]), parse_arg(concrete[i])) for i in first],
+                   dtype=np.float64)
     return per[codes]
 
 
@@ -191,14 +203,14 @@ def _host_gap_units(v: RankView, share: float) -> dict[Unit, float]:
     m = (g["cause"].isin(["launch", "other"]).to_numpy() & (g["step"] >= 0).to_numpy() & ~in_opt
          & (g["real_dur"] > 0).to_numpy())
     sel = g[m]
-    return dict(zip((("gap", v.rank, int(i)) for i in sel.index), (sel["real_dur"] * share).tolist()))
+    return dict(zip(zip(repeat("gap"), repeat(v.rank), sel.index.tolist()), (sel["real_dur"] * share).tolist()))
 
 
 def _outside_model(v: RankView) -> pd.Series:
     """Kernels launched by the optimizer (its own work in ``Optimizer.step#``/``zero_grad#``
     spans, :func:`gpuprof.idle.optimizer_spans`) or by a per-parameter update loop no optimizer
     annotated (:func:`gpuprof.hostops.update_loops`): ``torch.compile(model)`` leaves them as they are."""
-    spans = optimizer_spans(v.trace, zero_grad=True)
+    spans = v.optimizer_spans(zero_grad=True)
     k = v.kernels
     loop = v.in_update_loop()  # an unannotated per-parameter update loop stays eager as well
     if spans.empty:
@@ -281,7 +293,7 @@ def run(v: RankView) -> list[Candidate]:
     # kernel still changes, its launch goes) and the launch gaps before the kernels that go;
     # the replay of the Inductor kernels (gpuprof.replay.fixes) is the estimate
     rows = plan.index[touched]
-    units: dict[Unit, float] = dict(zip((("k", v.rank, int(r)) for r in rows),
+    units: dict[Unit, float] = dict(zip(zip(repeat("k"), repeat(v.rank), rows.tolist()),
                                         np.maximum(dur - after, 0.0)[touched].tolist()))
     units.update(_host_gap_units(v, 1.0 - (kernels - removed) / kernels if kernels else 0.0))
     n_runs = plan["run"].nunique() / n

@@ -48,6 +48,7 @@ def casts(v: RankView, k: pd.DataFrame) -> np.ndarray:
     """Which kernels of ``k`` are dtype casts: a ``copy`` kernel of an ``aten::copy_`` between two
     floating tensors of different types (what ``.to(dtype)`` and autocast issue)."""
     from gpuprof.trace.load import parse_arg
+    from gpuprof.trace.names import text_values
 
     ops = v.trace.ops
     op = k["op"].to_numpy(dtype=np.int64)
@@ -56,7 +57,7 @@ def casts(v: RankView, k: pd.DataFrame) -> np.ndarray:
     if not fam.any():
         return out
     rows = op[fam]
-    names = ops["name"].astype(str).to_numpy()[rows]
+    names = text_values(ops["name"])[rows]
     types = ops["input_types"].to_numpy()[rows]
     memo: dict[object, bool] = {}
 

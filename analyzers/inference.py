@@ -74,10 +74,9 @@ _ANCHORS = 8
 
 def _inference(v: RankView) -> bool:
     """No backward and no optimizer in the trace: a forward-only program."""
-    names = v.trace.ops["name"].astype(str)
-    if names.str.contains("Backward|autograd::engine", regex=True).any():
+    if name_mask(v.trace.ops["name"], "Backward|autograd::engine").any():
         return False
-    return not v.trace.annotations["name"].astype(str).str.startswith("Optimizer.step#").any()
+    return not name_mask(v.trace.annotations["name"], r"^Optimizer\.step#").any()
 
 
 def _dims(ops: pd.DataFrame, rows: np.ndarray) -> list[Any]:
@@ -259,8 +258,7 @@ def request_repeats(v: RankView) -> pd.DataFrame:
     ops = v.trace.ops
     name_code = pd.factorize(k["name"])[0]
     op = k["op"].to_numpy(dtype=np.int64)
-    sig_col = pd.factorize(pd.Series(ops["name"].astype(str).to_numpy(), dtype=object)
-                           + "|" + ops["input_dims"].astype(str).to_numpy())[0] if len(ops) else np.zeros(0, np.int64)
+    sig_col = _signatures(ops)
     sig = np.where(op >= 0, sig_col[np.maximum(op, 0)] if len(sig_col) else -1, -1)
     out: list[tuple[int, Any, int, int]] = []
     for step, kk in k.assign(_n=name_code, _s=sig).sort_values("launch_ts", kind="stable").groupby("step"):
@@ -277,6 +275,25 @@ def request_repeats(v: RankView) -> pd.DataFrame:
             out.extend((int(x), step, r, j) for j, x in enumerate(block[r]))
     f = pd.DataFrame(out, columns=["row", *cols])
     return f.set_index("row") if len(f) else pd.DataFrame(columns=cols)
+
+
+def _text_codes(col: pd.Series) -> np.ndarray:
+    """A code per row, equal where the values read alike as text (``astype(str)``), -1 where missing:
+    the distinct values converted, not the rows."""
+    codes, uniq = pd.factorize(col)
+    same_text = pd.factorize(pd.Index(uniq).astype(str))[0] if len(uniq) else np.zeros(0, np.int64)
+    return np.where(codes >= 0, same_text[np.maximum(codes, 0)] if len(uniq) else -1, -1)
+
+
+def _signatures(ops: pd.DataFrame) -> np.ndarray:
+    """A code per op row, equal where the op's name and input dims are (``name|dims`` as text), -1
+    where either is missing. Input dims are lists of numbers, never holding ``|``, so the pair is
+    what that text tells apart."""
+    if not len(ops):
+        return np.zeros(0, np.int64)
+    name, dims = _text_codes(ops["name"]), _text_codes(ops["input_dims"])
+    out: np.ndarray = np.where((name >= 0) & (dims >= 0), name * (int(dims.max()) + 1) + dims, -1)
+    return out
 
 
 def op_of(k: pd.DataFrame, rows: np.ndarray) -> np.ndarray:

@@ -21,7 +21,6 @@ from gpuprof.claims import Candidate
 from gpuprof.analyzers._base import ms, per_shape, top_names
 
 from gpuprof.costmodel import _numel
-from gpuprof.hostops import update_loops
 
 if TYPE_CHECKING:
     from gpuprof.rank import RankView
@@ -38,7 +37,7 @@ def run(v: RankView) -> list[Candidate]:
     if len(k) / v.n_steps < MIN_KERNELS:
         # no optimizer annotated these steps' updates: read the ops (a loop in the user's Python)
         k = v.kernels[v.in_update_loop()]
-        loop = update_loops(v.trace)
+        loop = v.update_loops()
         if len(k) / v.n_steps < MIN_KERNELS:
             return out
     names = k["op_name"].astype(str)

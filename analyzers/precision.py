@@ -42,6 +42,7 @@ import numpy as np
 from gpuprof.claims import Candidate
 from gpuprof.analyzers._base import ms, top_names
 from gpuprof.analyzers.memory_format import layout_conversions, nchw_parts
+from gpuprof.idle import name_mask
 
 if TYPE_CHECKING:
     from gpuprof.rank import RankView
@@ -59,7 +60,7 @@ def run(v: RankView) -> list[Candidate]:
 
 
 def _training(v: RankView) -> bool:
-    return bool(v.trace.ops["name"].astype(str).str.contains("Backward|autograd::engine", regex=True).any())
+    return bool(name_mask(v.trace.ops["name"], "Backward|autograd::engine").any())
 
 
 def _autocast_advice(half: str, training: bool, tf32: bool) -> str:

@@ -31,6 +31,7 @@ from gpuprof.rank import RankView
 from gpuprof.analyzers._base import ms, shape_codes, top_names
 
 from gpuprof.costmodel import gemm_mnk
+from gpuprof.idle import name_mask
 
 
 GEMV_ROWS = 16
@@ -82,10 +83,9 @@ def decode_gemvs(v: RankView) -> tuple[pd.DataFrame | None, float]:
     """The memory-bound GEMMs of ``GEMV_ROWS`` rows or fewer of an inference trace (no backward,
     no optimizer) when they hold at least half of its GEMM time, with their median rows; else None."""
     ops = v.trace.ops
-    names = ops["name"].astype(str)
-    if names.str.contains("Backward|autograd::engine", regex=True).any():
+    if name_mask(ops["name"], "Backward|autograd::engine").any():
         return None, 0.0  # training, not inference
-    if v.trace.annotations["name"].astype(str).str.startswith("Optimizer.step#").any():
+    if name_mask(v.trace.annotations["name"], r"^Optimizer\.step#").any():
         return None, 0.0
     g = v.kernels[(v.kernels["family"] == "gemm") & np.isfinite(v.kernels["t_roof_us"])]
     if g.empty:

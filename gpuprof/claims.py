@@ -267,8 +267,7 @@ def units_of(kind: str, rank: int, rows: Iterable[int], saved_us: np.ndarray | p
 
 
 def gap_units(rank: int, g: pd.DataFrame, saved_us: pd.Series | np.ndarray | None = None) -> dict[Unit, float]:
-    saved = g["dur"].to_numpy() if saved_us is None else np.asarray(saved_us, dtype=float)
-    return {("gap", rank, int(i)): float(s) for i, s in zip(g.index, saved) if s > 0}
+    return units_of("gap", rank, g.index, g["dur"] if saved_us is None else saved_us)
 
 
 # --- ranking ---------------------------------------------------------------------------------

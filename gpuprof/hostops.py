@@ -140,7 +140,7 @@ UPDATE_MIN_REPEATS = 16
 UPDATE_MAX_PERIOD = 8
 
 
-def update_loops(t: RankTrace) -> pd.DataFrame:
+def update_loops(t: RankTrace, opt: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per-parameter update loops read from the ops alone, whatever launched them (a hand-written
     momentum SGD over ``model.parameters()`` in Python, an EMA of the weights, per-tensor
     clipping): after the last op autograd recorded in a step (its backward), outside every
@@ -151,7 +151,8 @@ def update_loops(t: RankTrace) -> pd.DataFrame:
 
     Columns: ``ts``, ``end``, ``tid`` (the loop's host span), ``step``, ``period`` (ops per
     parameter), ``repeats`` (parameters), ``pattern`` (the op names of one repeat, joined by
-    ", "), ``first`` (row of ``t.ops``: the loop's first op); sorted by start."""
+    ", "), ``first`` (row of ``t.ops``: the loop's first op); sorted by start. ``opt``: the
+    trace's :func:`optimizer_spans` where the caller has them already."""
     cols = ["ts", "end", "tid", "step", "period", "repeats", "pattern", "first"]
     ops, steps = t.ops, t.steps
     if not len(ops) or not len(steps) or "sequence_number" not in ops.columns:
@@ -164,7 +165,8 @@ def update_loops(t: RankTrace) -> pd.DataFrame:
     code = names.cat.codes.to_numpy()
     aten = cats.str.startswith("aten::").to_numpy()[code] & (code >= 0)
     top = (depth == 0) & aten & ~tracked
-    opt = optimizer_spans(t)
+    if opt is None:
+        opt = optimizer_spans(t)
     if len(opt):
         k = np.searchsorted(opt["ts"].to_numpy(), ts, side="right") - 1
         top &= ~((k >= 0) & (ts < opt["end"].to_numpy()[np.maximum(k, 0)]))

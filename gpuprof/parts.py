@@ -15,6 +15,7 @@ from gpuprof.hostcost import event_cost_us
 from gpuprof.rank import RankResult
 from gpuprof.timeline import StepSummary
 from gpuprof.trace.model import TraceMeta
+from gpuprof.trace.names import text
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ def kernel_sums(r: RankResult) -> pd.DataFrame:
     rows = t["first_op"].to_numpy()
     shapes = [dims[int(i)] if 0 <= i < len(dims) else None for i in rows]
     t["shapes"] = [s.decode("utf-8", "replace") if isinstance(s, bytes) else s for s in shapes]
-    bound = k.groupby(["name", k["bound"].astype(str)], observed=True)["dur"].sum().unstack(fill_value=0)
+    bound = k.groupby(["name", text(k["bound"])], observed=True)["dur"].sum().unstack(fill_value=0)
     bound.columns = [f"bound:{c}" for c in bound.columns]
     t = t.drop(columns="first_op").join(bound)
     t.index = t.index.astype(object).astype(str)

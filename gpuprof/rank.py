@@ -45,6 +45,12 @@ def result_of(t: RankTrace, spec: GpuSpec | None, step_ms: float | None = None, 
 
 
 
+def _row_array(rows: Iterable[int]) -> np.ndarray:
+    out: np.ndarray = np.asarray(rows if isinstance(rows, (np.ndarray, pd.Index, pd.Series)) else list(rows),
+                                 dtype=np.int64)
+    return out
+
+
 class RankView:
     """What every analyzer reads of one rank: its kernels with their roofline columns, restricted
     to the profiled steps; its idle gaps classified (:func:`gpuprof.idle.classify_gaps`), each with
@@ -97,6 +103,21 @@ class RankView:
                     real_dur[m] *= budget / total
                 budget = max(0.0, budget - real_dur[m].sum())
         self.gaps = g.assign(events=n, real_dur=real_dur)
+        self._optimizer_spans: dict[bool, pd.DataFrame] = {}
+        self._update_loops: pd.DataFrame | None = None
+
+    def optimizer_spans(self, zero_grad: bool = False) -> pd.DataFrame:
+        """:func:`gpuprof.idle.optimizer_spans` of the rank's trace, read once per view: the
+        analyzers and the replay ask for them a dozen times. Read-only, like the trace."""
+        if zero_grad not in self._optimizer_spans:
+            self._optimizer_spans[zero_grad] = optimizer_spans(self.trace, zero_grad=zero_grad)
+        return self._optimizer_spans[zero_grad]
+
+    def update_loops(self) -> pd.DataFrame:
+        """:func:`gpuprof.hostops.update_loops` of the rank's trace, read once per view. Read-only."""
+        if self._update_loops is None:
+            self._update_loops = update_loops(self.trace, self.optimizer_spans())
+        return self._update_loops
 
     def kernel_units(self, rows: Iterable[int], saved_us: np.ndarray | pd.Series) -> dict[Unit, float]:
         return units_of("k", self.rank, rows, saved_us)
@@ -108,19 +129,18 @@ class RankView:
         g = self.gaps
         if g.empty:
             return {}
-        want = set(int(r) for r in rows) - set(int(r) for r in exclude_first)
-        hit = (g["next_kind"] == "kernel").to_numpy() & g["next_row"].isin(want).to_numpy()
+        mine, first = _row_array(rows), _row_array(exclude_first)
+        hit = (g["next_kind"] == "kernel").to_numpy() & np.isin(g["next_row"].to_numpy(), np.setdiff1d(mine, first))
         if after:
-            hit |= (g["prev_kind"] == "kernel").to_numpy() & g["prev_row"].isin(set(int(r) for r in rows)).to_numpy()
+            hit |= (g["prev_kind"] == "kernel").to_numpy() & np.isin(g["prev_row"].to_numpy(), mine)
         m = hit & g["cause"].isin(["launch", "other"]).to_numpy()
-        sel = g[m]
-        return {("gap", self.rank, int(i)): float(d) for i, d in zip(sel.index, sel["real_dur"]) if d > 0}
+        return units_of("gap", self.rank, g.index[m], g["real_dur"].to_numpy()[m])
 
     def in_optimizer(self) -> pd.Series:
         """Kernels the optimizer launched: inside its own work of an ``Optimizer.step#...`` span
         (torch.optim records one per step; :func:`gpuprof.idle.optimizer_spans` leaves out a
         training closure run inside it)."""
-        spans = optimizer_spans(self.trace)
+        spans = self.optimizer_spans()
         k = self.kernels
         if spans.empty:
             return pd.Series(False, index=k.index)
@@ -133,7 +153,7 @@ class RankView:
         """Kernels launched by a per-parameter update loop that no optimizer annotated
         (:func:`gpuprof.hostops.update_loops`: the same few ops once per parameter after backward),
         on the loop's thread."""
-        loops = update_loops(self.trace)
+        loops = self.update_loops()
         k = self.kernels
         if loops.empty:
             return pd.Series(False, index=k.index)

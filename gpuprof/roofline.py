@@ -51,6 +51,7 @@ import pandas as pd
 from gpuprof.costmodel import MATMUL_FAMILIES, TENSORLIST_ELT, kernel_elt_bytes, op_costs
 from gpuprof.specs import GpuSpec
 from gpuprof.trace.model import RankTrace
+from gpuprof.trace.names import text_array
 
 LATENCY_PCT = 20.0
 SHORT_US = 10.0
@@ -118,9 +119,14 @@ def _coalesced_ops(ops: pd.DataFrame, op: np.ndarray, wanted: np.ndarray) -> np.
     uniq = np.unique(rows)
     dims, strides = ops["input_dims"].to_numpy()[uniq], ops["input_strides"].to_numpy()[uniq]
     memo: dict[tuple[Any, Any], bool] = {}
-    per = np.array([memo.setdefault((d, s), coalesced(parse_arg(d) if isinstance(d, (bytes, str)) else None,
-                                                      parse_arg(s) if isinstance(s, (bytes, str)) else None))
-                    for d, s in zip(dims, strides)], dtype=bool)
+
+    def of(d: Any, s: Any) -> bool:
+        if (d, s) not in memo:  # looked up before parsing: ops repeat a few signatures thousands of times
+            memo[d, s] = coalesced(parse_arg(d) if isinstance(d, (bytes, str)) else None,
+                                   parse_arg(s) if isinstance(s, (bytes, str)) else None)
+        return memo[d, s]
+
+    per = np.array([of(d, s) for d, s in zip(dims, strides)], dtype=bool)
     hit = wanted & (op >= 0)
     out[hit] = per[np.searchsorted(uniq, op[hit])]
     return out
@@ -175,11 +181,11 @@ def classify(trace: RankTrace, spec: GpuSpec | None) -> pd.DataFrame:
     math_dtype = np.where(has & pd.notna(dtype), math_dtype, np.full(len(math_dtype), None, dtype=object))
 
     out = pd.DataFrame(index=k.index)
-    out["op_name"] = op_name
-    out["family"] = family
-    out["dtype"] = dtype
-    out["engine"] = engine
-    out["math_dtype"] = math_dtype
+    out["op_name"] = text_array(op_name)
+    out["family"] = text_array(family)
+    out["dtype"] = text_array(dtype)
+    out["engine"] = text_array(engine)
+    out["math_dtype"] = text_array(math_dtype)
     out["flops"] = flops
     out["bytes"] = nbytes
     if spec is None:
@@ -187,7 +193,9 @@ def classify(trace: RankTrace, spec: GpuSpec | None) -> pd.DataFrame:
         out["t_roof_us"] = np.nan
     else:
         peak_of = {d: spec.peak(d) for d in set(math_dtype) if isinstance(d, str)}  # a few distinct dtypes
-        peak = pd.Series(math_dtype, dtype=object).map(peak_of).to_numpy(dtype=float)
+        codes, uniq = pd.factorize(math_dtype)
+        peak_u = np.array([peak_of.get(d, np.nan) for d in uniq], dtype=float)
+        peak = np.where(codes >= 0, peak_u[np.maximum(codes, 0)] if len(uniq) else np.nan, np.nan)
         out["peak_tflops"] = peak
         t_compute = flops / (peak * 1e12) * 1e6
         t_memory = nbytes / (spec.hbm_gbps * 1e9) * 1e6

@@ -303,6 +303,8 @@ def _autocast_casts(g: Graph, v: RankView, k_rows: np.ndarray, memo: FixMemo) ->
     converts, forward and (training) backward, each priced at this trace's own host cost per
     recorded op (the replayed host's busy time per step over the ops recorded per step), added to
     the launch of that op's first converted kernel."""
+    from gpuprof.idle import name_mask
+
     def where() -> tuple[np.ndarray, int]:
         """(the launch calls that carry the casts, the ops recorded per cast): the graph's structure only."""
         t = v.trace
@@ -331,7 +333,7 @@ def _autocast_casts(g: Graph, v: RankView, k_rows: np.ndarray, memo: FixMemo) ->
         act_of[g.a_row[acts]] = acts
         pos = act_of[first_rows]
         calls = g.a_launch[pos[pos >= 0]]
-        training = bool(pd.Series(names).str.contains("Backward|autograd::engine", regex=True).any())
+        training = bool(name_mask(ops["name"], "Backward|autograd::engine").any())
         return calls[calls >= 0], AUTOCAST_CAST_OPS + (AUTOCAST_CAST_BACKWARD_OPS if training else 0)
 
     calls, per_cast = memo.fix("autocast_casts", where)
@@ -442,14 +444,13 @@ def _compiled_host(before: Graph, g: Graph, v: RankView, gone: np.ndarray, memo:
     kernels kept: the launches that went took the host work before each with them, and the
     rest (the Python and the ops that launch no kernel, which the compiled graph no longer runs)
     shrinks by what is left to take."""
-    from gpuprof.hostops import update_loops
-    from gpuprof.idle import HOST_WORK_MIN_US, optimizer_spans, time_in_ops
+    from gpuprof.idle import HOST_WORK_MIN_US, time_in_ops
 
     i = g.ranks.index(v.rank)
 
     def model_region() -> tuple[np.ndarray, np.ndarray]:
         # the update stays eager: torch.optim's steps, or a per-parameter loop no optimizer annotated
-        opt = pd.concat([optimizer_spans(v.trace, zero_grad=True), update_loops(v.trace)[["ts", "end", "tid"]]],
+        opt = pd.concat([v.optimizer_spans(zero_grad=True), v.update_loops()[["ts", "end", "tid"]]],
                         ignore_index=True)
         spans = list(zip(opt["ts"].to_numpy(dtype=float), opt["end"].to_numpy(dtype=float), opt["tid"].to_numpy()))
         region = ((g.h_rank == i) & (g.h_step >= 0)

@@ -177,6 +177,41 @@ def per_category(names: pd.Series, fn: Callable[[str], Any], dtype: Any = object
     return out
 
 
+def text(col: pd.Series) -> pd.Series:
+    """``col.astype(str)``, a categorical column's categories converted once and its rows taken
+    from them (160k op names: ~2 ms instead of ~10 ms)."""
+    if not isinstance(col.dtype, pd.CategoricalDtype):
+        return col.astype(str)
+    cats = col.cat.categories.astype(str)
+    return pd.Series(cats.array.take(col.cat.codes.to_numpy(), allow_fill=True), index=col.index, name=col.name)
+
+
+def text_values(col: pd.Series) -> np.ndarray:
+    """``col.astype(str).to_numpy()`` (an object array; NaN where the value is missing), a
+    categorical column's categories converted once (160k op names: ~1 ms instead of ~17 ms, which
+    build a Python string per row)."""
+    if not isinstance(col.dtype, pd.CategoricalDtype):
+        out: np.ndarray = col.astype(str).to_numpy()
+        return out
+    cats = np.asarray(col.cat.categories.astype(str).to_numpy(), dtype=object)
+    codes = col.cat.codes.to_numpy()
+    if not len(cats):
+        return np.full(len(codes), np.nan, dtype=object)
+    values: np.ndarray = cats[np.maximum(codes, 0)]
+    values[codes < 0] = np.nan
+    return values
+
+
+def text_array(values: np.ndarray) -> Any:
+    """The column pandas makes of an object array of names (text where every value present is
+    text, else the objects as they are), built from its distinct values rather than row by row
+    (the roofline's five text columns, 25k kernels: ~10 ms instead of ~13 ms)."""
+    if pd.api.types.infer_dtype(values, skipna=True) != "string":
+        return values
+    codes, uniq = pd.factorize(values)
+    return pd.Index(uniq, dtype=str).array.take(codes, allow_fill=True)
+
+
 def call_kinds(names: pd.Series) -> np.ndarray:
     """:func:`call_kind` of every call in a runtime name column (evaluated once per distinct name)."""
     return per_category(names, call_kind)
