@@ -300,7 +300,7 @@ _OWNER_DEPTH = 6
 def _autocast_casts(g: Graph, v: RankView, k_rows: np.ndarray, memo: FixMemo) -> Graph:
     """The host work autocast adds, which a host-bound step pays in full: one weight cast per
     call of each forward weight op (:data:`AUTOCAST_WEIGHT_OPS`) whose FP32 kernels the fix
-    converts, forward and (training) backward, each priced at this trace's own host cost per
+    converts (the FP8 fix's 16-bit kernels add none), forward and (training) backward, each priced at this trace's own host cost per
     recorded op (the replayed host's busy time per step over the ops recorded per step), added to
     the launch of that op's first converted kernel."""
     from gpuprof.idle import name_mask
@@ -315,6 +315,9 @@ def _autocast_casts(g: Graph, v: RankView, k_rows: np.ndarray, memo: FixMemo) ->
         parent = ops["parent"].to_numpy(dtype=np.int64)
         weight_op = np.isin(names, AUTOCAST_WEIGHT_OPS)
         rows = np.sort(np.asarray(k_rows, dtype=np.int64))
+        # FP32 math only (GP-PREC-001): FP8's units are 16-bit GEMMs, whose recipes cast otherwise
+        dtype = v.kernels["dtype"].reindex(rows).astype(str).to_numpy() if "dtype" in v.kernels.columns else None
+        rows = rows[dtype == "fp32"] if dtype is not None else rows[:0]
         cur = k["op"].to_numpy(dtype=np.int64)[rows]
         owner = np.full(len(rows), -1, dtype=np.int64)
         for _ in range(_OWNER_DEPTH):
