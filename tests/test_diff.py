@@ -57,7 +57,8 @@ def test_diff_html_escapes_names(tmp_path: Path) -> None:
 
 def test_diff_says_a_side_is_host_bound_under_the_profiler() -> None:
     """gpt_fp32 → gpt_bf16 as bare traces: bf16's traced 26.24 ms is its profiled host's (8.90 ms
-    without the profiler): the diff says so, and sets the projection (50.4 → 9.9 ms) beside it."""
+    without the profiler): the diff says so, and sets the projection (50.4 → 10.5 ms; 9.9 before the
+    precision fix priced autocast's casts on the host, 2026-12-03) beside it."""
     d = compare(gpuprof.analyze(SAMPLES / "gpt_fp32.json.gz").to_dict(),
                 gpuprof.analyze(SAMPLES / "gpt_bf16.json.gz").to_dict())
     assert d["before"]["host_bound"] is None and d["after"]["host_bound"]["idle_pct"] > 50
@@ -66,7 +67,7 @@ def test_diff_says_a_side_is_host_bound_under_the_profiler() -> None:
 
     text = render_diff_text(d)
     assert "after is host-bound under the profiler" in text and "--step-ms-after" in text
-    assert "projected (replayed) to take its step from 50.4 to 9.9 ms" in text
+    assert "projected (replayed) to take its step from 50.4 to 10.5 ms" in text
     # given the unprofiled step times, neither side is host-bound by its trace and they lead
     d = compare(gpuprof.analyze(SAMPLES / "gpt_fp32.json.gz", step_ms=step_ms("gpt_fp32")).to_dict(),
                 gpuprof.analyze(SAMPLES / "gpt_bf16.json.gz", step_ms=step_ms("gpt_bf16")).to_dict())

@@ -112,7 +112,7 @@ def test_a_dip_of_the_queue_after_it_held_is_no_drain() -> None:
     drained = [Chunk(10 * i + 7, 10 * i + 16, 40.0, r) for i, r in enumerate([6, 4, 2, 0, 0, 1, 0, 0])]
     assert steady_start(drained, [40.0] * 8) == 4  # a real drain still counts: 6, 4, 2, 0, then it held
     falling = [Chunk(10 * i + 7, 10 * i + 16, 40.0, 8 - i) for i in range(5)]
-    assert steady_start(falling, [40.0] * 5) == 4  # draining to the end: the last chunk, not nothing
+    assert steady_start(falling, [40.0] * 5) == 5  # draining to the end: no steady phase, no figure
 
 
 def test_a_loop_its_workers_keep_up_with_converges() -> None:

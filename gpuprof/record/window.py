@@ -110,11 +110,13 @@ def mser(ms: list[float]) -> int:
 def steady_start(chunks: list[Chunk], ms: list[float]) -> int:
     """Where the steady phase begins among the first ``len(ms)`` chunks (module doc): after the
     DataLoader's prefetched queue has drained, then past the warm-up transient of what follows
-    (:func:`mser`); never past the last chunk.
+    (:func:`mser`); past the last chunk (no figure) while the queue is still draining there.
 
     The drain is the leading run of chunks over which the queue's lowest level falls chunk after
     chunk; once it holds or rises, a later dip is the steady state's own fluctuation (workers
-    that keep up leave the level moving by a batch or two from chunk to chunk), not a drain.
+    that keep up leave the level moving by a batch or two from chunk to chunk), not a drain. Not
+    seen: a drain that begins after the level held for a chunk or more (a queue at its cap during
+    slow first steps); MSER then takes out at most half of the chunks.
     """
     start = 0
     for i in range(1, len(ms)):
@@ -122,7 +124,7 @@ def steady_start(chunks: list[Chunk], ms: list[float]) -> int:
         if a is None or b is None or b >= a:
             break
         start = i + 1  # still draining during chunk i
-    start = min(start, len(ms) - 1) if ms else 0
+    start = min(start, len(ms))  # still draining in the last chunk: no steady phase yet, no figure
     return start + mser(ms[start:]) if len(ms) - start > 1 else start
 
 
