@@ -115,6 +115,24 @@ def test_a_dip_of_the_queue_after_it_held_is_no_drain() -> None:
     assert steady_start(falling, [40.0] * 5) == 5  # draining to the end: no steady phase, no figure
 
 
+def test_a_queue_at_its_cap_then_draining_is_a_drain() -> None:
+    """Synthetic chunk levels: a queue held at its cap while the first steps were slow, then
+    draining, is a drain (the chunks up to its end do not count); a full queue that dips by one
+    batch once, or never falls, is steady from the start."""
+    from gpuprof.record.window import Chunk, steady_start
+
+    def start(levels: list[int | None]) -> int:
+        ms = [40.0] * len(levels)
+        return steady_start([Chunk(10 * i + 7, 10 * i + 16, 40.0, r) for i, r in enumerate(levels)], ms)
+
+    assert start([8, 8, 6, 3, 0, 0, 1, 0, 0, 0]) == 5
+    assert start([8, 8, 8, 4, 1, 1, 1, 1]) == 5
+    assert start([8, 8, 7, 8, 8, 8, 8, 8]) == 0  # one dip from a full queue: fluctuation
+    assert start([8] * 8) == 0
+    assert start([8, 8, 6, 3, 1]) == 5  # still draining in the last chunk: no figure
+    assert start([None, None, 3, 2, 1, 1]) == 0  # no level read at first: no drain seen
+
+
 def test_a_loop_its_workers_keep_up_with_converges() -> None:
     """GPU-bound: the queue stays near full, its level fluctuating by the number of workers."""
     ms = [20.0] * 300

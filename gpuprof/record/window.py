@@ -15,9 +15,9 @@ a chunk of fixed duration holds that jitter to one size whatever the step time:
 
 - the steady phase starts after the DataLoader's queue has stopped draining (the fewest batches
   found ready in the program's multi-process DataLoader queues during a chunk fell below the
-  previous chunk's, chunk after chunk from the first: while a prefetched queue drains, every step
-  runs at the GPU's pace; a dip after the level has held or risen is the steady state's own
-  fluctuation, :func:`steady_start`) and after
+  previous chunk's, chunk after chunk from the first or after a leading plateau at the queue's
+  cap: while a prefetched queue drains, every step runs at the GPU's pace; a dip after the level
+  has held or risen is the steady state's own fluctuation, :func:`steady_start`) and after
   the warm-up transient, found by the marginal standard error rule (MSER: the truncation point
   ``d`` of the chunk means that minimises the squared deviations of the rest over
   ``(n - d)**2``, at most half of them; White, 1997), so neither a threshold nor the agreement of
@@ -54,6 +54,7 @@ MIN_CHUNKS = 4
 SEM_PCT = 2.0
 BUDGET_CHUNKS = 10
 BUDGET_S = 30.0
+PLATEAU_DRAIN = 2  # chunks of falling level that make a drain after a leading plateau (steady_start)
 
 
 def chunk_steps(first_chunk_ms: float) -> int:
@@ -107,25 +108,34 @@ def mser(ms: list[float]) -> int:
     return best_d
 
 
+def _falls(a: int | None, b: int | None) -> bool:
+    return a is not None and b is not None and b < a
+
+
 def steady_start(chunks: list[Chunk], ms: list[float]) -> int:
     """Where the steady phase begins among the first ``len(ms)`` chunks (module doc): after the
     DataLoader's prefetched queue has drained, then past the warm-up transient of what follows
     (:func:`mser`); past the last chunk (no figure) while the queue is still draining there.
 
-    The drain is the leading run of chunks over which the queue's lowest level falls chunk after
-    chunk; once it holds or rises, a later dip is the steady state's own fluctuation (workers
-    that keep up leave the level moving by a batch or two from chunk to chunk), not a drain. Not
-    seen: a drain that begins after the level held for a chunk or more (a queue at its cap during
-    slow first steps); MSER then takes out at most half of the chunks.
+    The drain is a run of chunks over which the queue's lowest level falls chunk after chunk,
+    from the first chunk or after a leading plateau (a queue held at one level, its cap, while the
+    first steps were slow, then draining: ``[8, 8, 6, 3, 0, ...]``); after a plateau it must fall
+    for :data:`PLATEAU_DRAIN` chunks in a row, since a queue its workers keep full dips by a
+    batch now and then. Once the level holds or rises after the fall (or without one), a later
+    dip is the steady state's own fluctuation (workers that keep up leave the level moving by a
+    batch or two from chunk to chunk), not a drain.
     """
-    start = 0
-    for i in range(1, len(ms)):
-        a, b = chunks[i - 1].ready_min, chunks[i].ready_min
-        if a is None or b is None or b >= a:
-            break
-        start = i + 1  # still draining during chunk i
-    start = min(start, len(ms))  # still draining in the last chunk: no steady phase yet, no figure
-    return start + mser(ms[start:]) if len(ms) - start > 1 else start
+    n = len(ms)
+    level = [c.ready_min for c in chunks[:n]]
+    plateau = 0  # the last chunk of the leading plateau
+    while plateau + 1 < n and level[0] is not None and level[plateau + 1] == level[0]:
+        plateau += 1
+    end = plateau + 1  # one past the last chunk of the fall
+    while end < n and _falls(level[end - 1], level[end]):
+        end += 1
+    fall = end - plateau - 1
+    start = end if fall >= (PLATEAU_DRAIN if plateau else 1) else 0  # still draining in the last chunk: n, no figure
+    return start + mser(ms[start:]) if n - start > 1 else start
 
 
 def steady(chunks: list[Chunk], ms: list[float], k: int = MIN_CHUNKS, pct: float = SEM_PCT) -> bool:
