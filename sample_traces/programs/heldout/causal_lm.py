@@ -28,9 +28,10 @@ def build(tf: object, family: str, a: object) -> torch.nn.Module:
         return tf.OPTForCausalLM(cfg)  # type: ignore[attr-defined,no-any-return]
     if family == "gemma":
         inter = max(256, 256 * round(8 * a.hidden / 3 / 256))
+        kv = max(d for d in range(1, max(1, a.heads // 4) + 1) if a.heads % d == 0)  # grouped-query: divides heads
         cfg = tf.GemmaConfig(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=inter,  # type: ignore[attr-defined]
                              num_hidden_layers=a.layers, num_attention_heads=a.heads,
-                             num_key_value_heads=max(1, a.heads // 4), head_dim=a.hidden // a.heads,
+                             num_key_value_heads=kv, head_dim=a.hidden // a.heads,
                              max_position_embeddings=max(2048, a.seq), attention_dropout=0.0)
         return tf.GemmaForCausalLM(cfg)  # type: ignore[attr-defined,no-any-return]
     cfg = tf.BloomConfig(vocab_size=a.vocab, hidden_size=a.hidden, n_layer=a.layers, n_head=a.heads,  # type: ignore[attr-defined]
