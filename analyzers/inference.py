@@ -49,7 +49,7 @@ import pandas as pd
 from gpuprof.analyzers._base import ms, top_names
 from gpuprof.claims import Candidate
 from gpuprof.costmodel import cost_of
-from gpuprof.idle import in_graph, name_mask
+from gpuprof.idle import forward_only, in_graph, name_mask
 from gpuprof.trace.load import parse_arg
 
 if TYPE_CHECKING:
@@ -74,9 +74,7 @@ _ANCHORS = 8
 
 def _inference(v: RankView) -> bool:
     """No backward and no optimizer in the trace: a forward-only program."""
-    if name_mask(v.trace.ops["name"], "Backward|autograd::engine").any():
-        return False
-    return not name_mask(v.trace.annotations["name"], r"^Optimizer\.step#").any()
+    return forward_only(v.trace)
 
 
 def _dims(ops: pd.DataFrame, rows: np.ndarray) -> list[Any]:

@@ -42,7 +42,7 @@ import numpy as np
 from gpuprof.claims import Candidate
 from gpuprof.analyzers._base import ms, top_names
 from gpuprof.analyzers.memory_format import layout_conversions, nchw_parts
-from gpuprof.idle import name_mask
+from gpuprof.idle import has_backward
 
 if TYPE_CHECKING:
     from gpuprof.rank import RankView
@@ -60,7 +60,7 @@ def run(v: RankView) -> list[Candidate]:
 
 
 def _training(v: RankView) -> bool:
-    return bool(name_mask(v.trace.ops["name"], "Backward|autograd::engine").any())
+    return has_backward(v.trace.ops)
 
 
 def _autocast_advice(half: str, training: bool, tf32: bool) -> str:
@@ -108,6 +108,11 @@ def fp32(v: RankView) -> list[Candidate]:
         extra.update(v.inner_gap_units(xf.index))
         units.update(extra)
         cnn_ms = ms(sum(extra.values())) / v.n_steps
+    cnn_text = ""
+    if cnn:
+        cnn_text = ("; a CNN: FP32 activation kernels at half the bytes" if not nchw else
+                    "; a CNN: assumes autocast AND channels_last together (FP32 activation kernels at half the "
+                    "bytes" + (", cuDNN layout transforms removed" if not xf.empty else "") + ")")
     cuda = sel[sel["engine"] == "cuda"]
     frac = sel["dur"].sum() / v.n_steps / v.step_time_us * 100 if v.step_time_us else 0.0
     out.append(Candidate(
@@ -129,13 +134,13 @@ def fp32(v: RankView) -> list[Candidate]:
             "achieved_tflops": round(float(sel["flops"].sum() / (sel["dur"].sum() * 1e-6) / 1e12), 1),
             "estimated_ms_per_step_after": round(ms(after.sum()) / v.n_steps, 3),
             "kernels": top_names(sel),
-            "cnn_amp_channels_last_ms_per_step": round(cnn_ms, 3) if cnn else None,
+            # what a CNN's activations (and layout transforms, when NCHW) add to the saving
+            "cnn_amp_channels_last_ms_per_step": round(cnn_ms, 3) if nchw else None,
+            "cnn_amp_activations_ms_per_step": round(cnn_ms, 3) if cnn and not nchw else None,
             "priced_dtype": half, "priced_peak_tflops": spec.peak(half),
             "estimate": f"each kernel keeps its % of roofline at the {half} tensor-core peak "
                         f"({spec.peak(half):g} TFLOP/s on the {spec.name}) with half the "
-                        "bytes; autocast's weight casts added to the host (replayed)" + ("; a CNN: assumes autocast AND channels_last together (FP32 activation "
-                                   "kernels at half the bytes, cuDNN layout transforms removed)" if nchw else
-                                   "; a CNN: FP32 activation kernels at half the bytes" if cnn else ""),
+                        "bytes; autocast's weight casts added to the host (replayed)" + cnn_text,
         },
     ))
     return out

@@ -31,7 +31,7 @@ from gpuprof.rank import RankView
 from gpuprof.analyzers._base import ms, shape_codes, top_names
 
 from gpuprof.costmodel import gemm_mnk
-from gpuprof.idle import name_mask
+from gpuprof.idle import forward_only
 
 
 GEMV_ROWS = 16
@@ -83,10 +83,8 @@ def decode_gemvs(v: RankView) -> tuple[pd.DataFrame | None, float]:
     """The memory-bound GEMMs of ``GEMV_ROWS`` rows or fewer of an inference trace (no backward,
     no optimizer) when they hold at least half of its GEMM time, with their median rows; else None."""
     ops = v.trace.ops
-    if name_mask(ops["name"], "Backward|autograd::engine").any():
+    if not forward_only(v.trace):
         return None, 0.0  # training, not inference
-    if name_mask(v.trace.annotations["name"], r"^Optimizer\.step#").any():
-        return None, 0.0
     g = v.kernels[(v.kernels["family"] == "gemm") & np.isfinite(v.kernels["t_roof_us"])]
     if g.empty:
         return None, 0.0

@@ -277,6 +277,14 @@ def name_mask(names: pd.Series, pattern: str | None = None, among: Iterable[str]
     codes = cat.cat.codes.to_numpy()
     return hit[codes] & (codes >= 0) if len(hit) else np.zeros(len(names), dtype=bool)
 
+def has_backward(ops: pd.DataFrame) -> bool:
+    """Whether autograd's backward ran among the recorded ops (a training step)."""
+    return bool(name_mask(ops["name"], "Backward|autograd::engine").any())
+
+def forward_only(trace: RankTrace) -> bool:
+    """No backward and no ``Optimizer.step`` annotation in the trace: a forward-only program."""
+    return not has_backward(trace.ops) and not name_mask(trace.annotations["name"], r"^Optimizer\.step#").any()
+
 def _spans_in(starts: np.ndarray, ends: np.ndarray, gs: np.ndarray, ge: np.ndarray) -> np.ndarray:
     """Whether some span (sorted by start) overlaps each interval [gs, ge]: the last span starting
     before ge ends after gs. Exact for spans that do not nest, as DataLoader spans do not."""

@@ -145,7 +145,9 @@ def test_fp32_channels_last_cnn_is_told_autocast_not_channels_last() -> None:
     """A channels-last FP32 CNN (held-out Inception-v3, real H200 trace: its kernels are the NHWC
     ones, no layout transforms) is told autocast only; the NCHW twins above get both."""
     f = finding("ho3_inception_fp32", "precision")
-    assert f is not None and f.evidence["cnn_amp_channels_last_ms_per_step"] is not None
+    assert f is not None and f.evidence["cnn_amp_channels_last_ms_per_step"] is None
+    assert f.evidence["cnn_amp_activations_ms_per_step"] > 0  # its FP32 activations at half the bytes
+    assert "channels_last" not in f.evidence["estimate_inputs"] and "layout transforms" not in f.evidence["estimate_inputs"]
     assert "NCHW" not in f.title and "channels_last" not in f.recommendation and "autocast" in f.recommendation
     assert "NCHW" in finding("resnet50_fp32_nchw", "precision").title  # type: ignore[union-attr]
 
@@ -153,6 +155,7 @@ def test_fp32_channels_last_cnn_is_told_autocast_not_channels_last() -> None:
 def test_fp32_transformer_precision_is_not_the_cnn_recipe() -> None:
     f = finding("gpt_fp32", "precision")
     assert f is not None and f.evidence["cnn_amp_channels_last_ms_per_step"] is None
+    assert f.evidence["cnn_amp_activations_ms_per_step"] is None
     assert "channels_last" not in f.recommendation
 
 

@@ -287,23 +287,25 @@ def apply(g: Graph, v: RankView, category: str, units: dict[tuple[Any, ...], flo
     return g
 
 
-#: Forward ops that take a weight operand autocast casts to 16 bits on every call.
-AUTOCAST_WEIGHT_OPS = ("aten::convolution", "aten::linear", "aten::addmm")
+#: The user-facing forward ops (the outermost aten op of a kernel's chain) that take a weight
+#: operand autocast casts to 16 bits on every call.
+AUTOCAST_WEIGHT_OPS = ("aten::linear", "aten::addmm", "aten::conv1d", "aten::conv2d", "aten::conv3d",
+                       "aten::conv_transpose1d", "aten::conv_transpose2d", "aten::conv_transpose3d",
+                       "aten::convolution")
 #: Recorded ops of one autocast weight cast: forward ``aten::to`` > ``aten::_to_copy`` >
 #: ``aten::empty_strided``, ``aten::copy_``; in training also its backward
 #: (``autograd::engine::evaluate_function: ToCopyBackward0``, ``ToCopyBackward0`` and the same four).
 AUTOCAST_CAST_OPS, AUTOCAST_CAST_BACKWARD_OPS = 4, 6
-#: How far up the op tree from a kernel's own op its weight op is looked for.
-_OWNER_DEPTH = 6
 
 
 def _autocast_casts(g: Graph, v: RankView, k_rows: np.ndarray, memo: FixMemo) -> Graph:
     """The host work autocast adds, which a host-bound step pays in full: one weight cast per
     call of each forward weight op (:data:`AUTOCAST_WEIGHT_OPS`) whose FP32 kernels the fix
-    converts (the FP8 fix's 16-bit kernels add none), forward and (training) backward, each priced at this trace's own host cost per
-    recorded op (the replayed host's busy time per step over the ops recorded per step), added to
-    the launch of that op's first converted kernel."""
-    from gpuprof.idle import name_mask
+    converts (the FP8 fix's 16-bit kernels add none), forward and (training) backward, each
+    priced at this trace's own host cost per recorded op (the replayed host's busy time per step
+    over the ops recorded in steps, per step), added to the launch of that op's first converted
+    kernel."""
+    from gpuprof.idle import has_backward, outermost_aten
 
     def where() -> tuple[np.ndarray, int]:
         """(the launch calls that carry the casts, the ops recorded per cast): the graph's structure only."""
@@ -311,21 +313,14 @@ def _autocast_casts(g: Graph, v: RankView, k_rows: np.ndarray, memo: FixMemo) ->
         ops, k = t.ops, t.kernels
         if not len(ops) or "parent" not in ops.columns or "op" not in k.columns:
             return np.zeros(0, np.int64), 0
-        names = ops["name"].astype(str).to_numpy()
-        parent = ops["parent"].to_numpy(dtype=np.int64)
-        weight_op = np.isin(names, AUTOCAST_WEIGHT_OPS)
         rows = np.sort(np.asarray(k_rows, dtype=np.int64))
         # FP32 math only (GP-PREC-001): FP8's units are 16-bit GEMMs, whose recipes cast otherwise
         dtype = v.kernels["dtype"].reindex(rows).astype(str).to_numpy() if "dtype" in v.kernels.columns else None
         rows = rows[dtype == "fp32"] if dtype is not None else rows[:0]
-        cur = k["op"].to_numpy(dtype=np.int64)[rows]
-        owner = np.full(len(rows), -1, dtype=np.int64)
-        for _ in range(_OWNER_DEPTH):
-            ok = cur >= 0
-            hit = ok & (owner < 0) & weight_op[np.maximum(cur, 0)]
-            owner[hit] = cur[hit]
-            cur = np.where(ok, parent[np.maximum(cur, 0)], -1)
-        mine = owner >= 0
+        own = k["op"].to_numpy(dtype=np.int64)[rows]
+        rows, own = rows[own >= 0], own[own >= 0]
+        owner = outermost_aten(ops, own)
+        mine = np.isin(ops["name"].astype(str).to_numpy()[owner], AUTOCAST_WEIGHT_OPS)
         if not mine.any():
             return np.zeros(0, np.int64), 0
         _, first = np.unique(owner[mine], return_index=True)
@@ -336,8 +331,7 @@ def _autocast_casts(g: Graph, v: RankView, k_rows: np.ndarray, memo: FixMemo) ->
         act_of[g.a_row[acts]] = acts
         pos = act_of[first_rows]
         calls = g.a_launch[pos[pos >= 0]]
-        training = bool(name_mask(ops["name"], "Backward|autograd::engine").any())
-        return calls[calls >= 0], AUTOCAST_CAST_OPS + (AUTOCAST_CAST_BACKWARD_OPS if training else 0)
+        return calls[calls >= 0], AUTOCAST_CAST_OPS + (AUTOCAST_CAST_BACKWARD_OPS if has_backward(ops) else 0)
 
     calls, per_cast = memo.fix("autocast_casts", where)
     if not len(calls):
@@ -346,7 +340,9 @@ def _autocast_casts(g: Graph, v: RankView, k_rows: np.ndarray, memo: FixMemo) ->
     in_step = (g.h_rank == i) & (g.h_step >= 0)
     n = max(v.n_steps, 1)
     busy = float((np.maximum(g.h_gap[in_step], 0.0) + g.h_dur[in_step]).sum()) / n
-    per_op = busy / max(len(v.trace.ops) / n, 1.0)
+    ops = v.trace.ops
+    ops_in_steps = int((ops["step"].to_numpy() >= 0).sum()) if "step" in ops.columns else len(ops)
+    per_op = busy / max(ops_in_steps / n, 1.0)
     return tf.add_host(g, calls, np.full(len(calls), per_op * per_cast))
 
 
