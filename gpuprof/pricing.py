@@ -324,8 +324,9 @@ def what_if_job(plans: Sequence[Plan | None], traces: Sequence[RankTrace], parts
     for p in plans:
         if p is None:
             continue
+        compiled = p.compiled(ids)
         for i in p.order(ids):
-            after = apply(after, p.view, p.categories[i], p.units[i], p.regroups.get(i))
+            after = apply(after, p.view, p.categories[i], p.units[i], p.regroups.get(i), compiled=compiled)
             applied.add(i)
     for i in sorted(set(ids)):
         cat = by_id[i].category if i in by_id else None

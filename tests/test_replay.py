@@ -124,6 +124,31 @@ def test_autocast_prices_its_casts_on_a_host_bound_cnn(monkeypatch: pytest.Monke
     assert 0 < with_casts < saving() - 1.0
 
 
+def test_autocast_casts_are_not_added_under_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With torch.compile applied too, autocast's casts are traced into the compiled graph: the
+    precision + compile combination on the same real trace (held-out Inception-v3 FP32) is what it
+    is with the cast counts at zero, and faster than precision alone (the order of the fixes does
+    not bring the eager casts back)."""
+    import gpuprof
+    import gpuprof.replay.fixes as fixes
+    from benchmarks.pairs import step_ms, trace_path
+
+    def both() -> tuple[float, float]:
+        a = gpuprof.analyze(trace_path("ho3_inception_fp32"), step_ms=step_ms("ho3_inception_fp32"), cache=False)
+        ids = [f.id for f in a.findings if f.category in ("precision", "compile")]
+        assert len(ids) == 2, ids
+        prec = [f.id for f in a.findings if f.category == "precision"]
+        return a.what_if(ids)["step_time_ms"], a.what_if(prec)["step_time_ms"]
+
+    combined, alone = both()
+    monkeypatch.setattr(fixes, "AUTOCAST_CAST_OPS", 0)
+    monkeypatch.setattr(fixes, "AUTOCAST_CAST_BACKWARD_OPS", 0)
+    combined_no_casts, alone_no_casts = both()
+    assert combined == pytest.approx(combined_no_casts, rel=1e-9)
+    assert alone > alone_no_casts + 1.0  # alone, the casts are priced (the test above)
+    assert combined < alone
+
+
 def test_dropping_a_sync_lets_the_host_run_ahead(tmp_path: Path) -> None:
     t = _synthetic(tmp_path, host_gap=8.0, kernel_us=30.0, sync_at=20)
     g = build([t])

@@ -145,10 +145,16 @@ class Plan:
         by id, whole-GPU conditions (:attr:`last`) after every other fix."""
         return sorted(set(i for i in ids if i in self.units), key=lambda i: (i in self.last, i))
 
+    def compiled(self, ids: Sequence[str]) -> bool:
+        """Whether the fixes of ``ids`` include ``torch.compile`` (:func:`apply`'s ``compiled``)."""
+        return any(self.categories.get(i) == "compile" for i in ids if i in self.units)
+
     def applied(self, ids: Sequence[str], free: bool = False) -> Graph:
         g = self.free_graph if free and self.free_graph is not None else self.graph
+        compiled = self.compiled(ids)
         for i in self.order(ids):
-            g = apply(g, self.view, self.categories[i], self.units[i], self.regroups.get(i), self.memo("kept", i))
+            g = apply(g, self.view, self.categories[i], self.units[i], self.regroups.get(i), self.memo("kept", i),
+                      compiled)
         return g
 
     def by_class_ms(self, ids: Sequence[str]) -> dict[str, float]:
@@ -220,10 +226,13 @@ _NONE = (np.zeros(0, np.int64), np.zeros(0))
 
 
 def apply(g: Graph, v: RankView, category: str, units: dict[tuple[Any, ...], float],
-          regroup: pd.DataFrame | None = None, memo: FixMemo | None = None) -> Graph:
+          regroup: pd.DataFrame | None = None, memo: FixMemo | None = None, compiled: bool = False) -> Graph:
     """``g`` with one finding's kept ``units`` removed (see the module docstring); a regrouping
     fix's kernels regrouped as its candidate's ``regroup`` says. ``memo``: what an earlier call
-    with these units on a graph of ``g``'s structure computed (:class:`FixMemo`), filled in here."""
+    with these units on a graph of ``g``'s structure computed (:class:`FixMemo`), filled in here.
+    ``compiled``: applied together with ``torch.compile`` (a ``compile`` finding's fix), under
+    which autocast's casts are traced into the compiled graph, not dispatched one by one, so the
+    precision fix adds no host work for them (:func:`_autocast_casts`)."""
     m_ = memo if memo is not None else FixMemo()
     t = v.trace
     rank = v.rank
@@ -256,7 +265,7 @@ def apply(g: Graph, v: RankView, category: str, units: dict[tuple[Any, ...], flo
             # a kernel the fix does away with (a layout transpose) goes with its launch
             gone = m_.fix("gone", lambda: sel & (fac[np.minimum(g.a_row, len(fac) - 1)] <= 0.0))
             g = tf.remove_activities(g, gone)
-    if category == "precision" and len(k_rows):
+    if category == "precision" and len(k_rows) and not compiled:
         g = _autocast_casts(g, v, k_rows, m_)
     m_rows, saved_m = parsed.get("m", _NONE)
     if len(m_rows):
