@@ -131,6 +131,23 @@ def test_a_queue_at_its_cap_then_draining_is_a_drain() -> None:
     assert start([8] * 8) == 0
     assert start([8, 8, 6, 3, 1]) == 5  # still draining in the last chunk: no figure
     assert start([None, None, 3, 2, 1, 1]) == 0  # no level read at first: no drain seen
+    assert start([2, 2, 1, 0, 1, 2, 1, 2, 2, 1]) == 0  # refilled to the plateau's level: fluctuation
+    assert start([6, 6, 5, 4, 6, 6, 5, 6, 6, 6]) == 0
+
+
+def test_a_fall_after_a_plateau_in_the_last_chunk_waits_for_the_next() -> None:
+    """Synthetic: flat step times after a plateau whose level falls in the last chunk only: not
+    steady yet (a drain may be starting); one chunk later a second fall makes it a drain (no
+    figure while it lasts), a rise back makes it fluctuation (steady)."""
+    from gpuprof.record.window import Chunk, steady
+
+    def ok(levels: list[int]) -> bool:
+        return steady([Chunk(10 * i + 7, 10 * i + 16, 40.0, r) for i, r in enumerate(levels)], [40.0] * len(levels))
+
+    assert ok([8, 8, 8, 8, 8])
+    assert not ok([8, 8, 8, 8, 7])
+    assert not ok([8, 8, 8, 8, 7, 5])
+    assert ok([8, 8, 8, 8, 7, 8])
 
 
 def test_a_loop_its_workers_keep_up_with_converges() -> None:

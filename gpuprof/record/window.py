@@ -112,20 +112,10 @@ def _falls(a: int | None, b: int | None) -> bool:
     return a is not None and b is not None and b < a
 
 
-def steady_start(chunks: list[Chunk], ms: list[float]) -> int:
-    """Where the steady phase begins among the first ``len(ms)`` chunks (module doc): after the
-    DataLoader's prefetched queue has drained, then past the warm-up transient of what follows
-    (:func:`mser`); past the last chunk (no figure) while the queue is still draining there.
-
-    The drain is a run of chunks over which the queue's lowest level falls chunk after chunk,
-    from the first chunk or after a leading plateau (a queue held at one level, its cap, while the
-    first steps were slow, then draining: ``[8, 8, 6, 3, 0, ...]``); after a plateau it must fall
-    for :data:`PLATEAU_DRAIN` chunks in a row, since a queue its workers keep full dips by a
-    batch now and then. Once the level holds or rises after the fall (or without one), a later
-    dip is the steady state's own fluctuation (workers that keep up leave the level moving by a
-    batch or two from chunk to chunk), not a drain.
-    """
-    n = len(ms)
+def _drain(chunks: list[Chunk], n: int) -> tuple[int, bool]:
+    """(one past the last chunk of the DataLoader drain among the first ``n`` chunks, 0 for none;
+    whether a fall after a leading plateau has begun in the last chunk and is too short yet to
+    tell from a dip): see :func:`steady_start`."""
     level = [c.ready_min for c in chunks[:n]]
     plateau = 0  # the last chunk of the leading plateau
     while plateau + 1 < n and level[0] is not None and level[plateau + 1] == level[0]:
@@ -134,13 +124,43 @@ def steady_start(chunks: list[Chunk], ms: list[float]) -> int:
     while end < n and _falls(level[end - 1], level[end]):
         end += 1
     fall = end - plateau - 1
-    start = end if fall >= (PLATEAU_DRAIN if plateau else 1) else 0  # still draining in the last chunk: n, no figure
+    if not plateau:
+        return (end if fall else 0), False
+    if any(x is not None and level[0] is not None and x >= level[0] for x in level[end:]):
+        return 0, False  # the queue filled back to the plateau's level: its workers keep up, no drain
+    if fall >= PLATEAU_DRAIN:
+        return end, False
+    return 0, bool(fall) and end == n
+
+
+def steady_start(chunks: list[Chunk], ms: list[float]) -> int:
+    """Where the steady phase begins among the first ``len(ms)`` chunks (module doc): after the
+    DataLoader's prefetched queue has drained, then past the warm-up transient of what follows
+    (:func:`mser`); past the last chunk (no figure) while the queue is still draining there.
+
+    The drain is a run of chunks over which the queue's lowest level falls chunk after chunk,
+    from the first chunk or after a leading plateau (a queue held at one level, its cap, while the
+    first steps were slow, then draining: ``[8, 8, 6, 3, 0, ...]``). After a plateau it must fall
+    for :data:`PLATEAU_DRAIN` chunks in a row, since a queue its workers keep full dips by a
+    batch now and then, and the level must not come back up to the plateau's later (workers that
+    refill the queue keep up: ``[2, 2, 1, 0, 1, 2, ...]`` is fluctuation). Once the level holds or
+    rises after the fall (or without one), a later dip is the steady state's own fluctuation
+    (workers that keep up leave the level moving by a batch or two from chunk to chunk), not a
+    drain. Not seen: a fall before the plateau (``[9, 8, 8, 6, ...]``), a first chunk without a
+    level.
+    """
+    n = len(ms)
+    start = _drain(chunks, n)[0]  # still draining in the last chunk: n, no figure
     return start + mser(ms[start:]) if n - start > 1 else start
 
 
 def steady(chunks: list[Chunk], ms: list[float], k: int = MIN_CHUNKS, pct: float = SEM_PCT) -> bool:
     """Whether the chunks timed so far (their step times ``ms``) hold the steady state well enough
-    (module doc): at least ``k`` steady chunks whose mean's standard error is within ``pct`` %."""
+    (module doc): at least ``k`` steady chunks whose mean's standard error is within ``pct`` %,
+    and no fall of the queue after a plateau begun in the last chunk (a drain may be starting:
+    the next chunk tells)."""
+    if _drain(chunks, len(ms))[1]:
+        return False
     win = ms[steady_start(chunks, ms):]
     if len(win) < k:
         return False

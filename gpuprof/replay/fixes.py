@@ -8,7 +8,8 @@ and without each fix and decides what each finding's estimate is.
 * kernel units ``("k", rank, row)``: that kernel runs ``(dur − saved) / dur`` as long; one the fix
   does away with (``saved >= dur``: a layout transpose) goes with its launch. ``precision`` also
   adds the host work autocast brings (:func:`_autocast_casts`: a weight cast per forward
-  convolution/linear call, and its backward in training). For a fusion
+  convolution/linear call, and its backward in training; with torch.compile's fix applied too,
+  one kernel launch each instead). For a fusion
   (``FUSING``) each run of claimed kernels back to back on one stream (a memset their own ops
   issue between them does not end it) becomes one kernel of the run's new time, and the other
   kernels' launches and the host work before them go. ``compile``
@@ -231,8 +232,9 @@ def apply(g: Graph, v: RankView, category: str, units: dict[tuple[Any, ...], flo
     fix's kernels regrouped as its candidate's ``regroup`` says. ``memo``: what an earlier call
     with these units on a graph of ``g``'s structure computed (:class:`FixMemo`), filled in here.
     ``compiled``: applied together with ``torch.compile`` (a ``compile`` finding's fix), under
-    which autocast's casts are traced into the compiled graph, not dispatched one by one, so the
-    precision fix adds no host work for them (:func:`_autocast_casts`)."""
+    which autocast's casts are traced into the compiled graph: each stays its own kernel
+    (gpuprof.analyzers.compile_fusion), launched at the step's host cost per launched kernel, not
+    dispatched as eager ops (:func:`_autocast_casts`)."""
     m_ = memo if memo is not None else FixMemo()
     t = v.trace
     rank = v.rank
@@ -265,8 +267,8 @@ def apply(g: Graph, v: RankView, category: str, units: dict[tuple[Any, ...], flo
             # a kernel the fix does away with (a layout transpose) goes with its launch
             gone = m_.fix("gone", lambda: sel & (fac[np.minimum(g.a_row, len(fac) - 1)] <= 0.0))
             g = tf.remove_activities(g, gone)
-    if category == "precision" and len(k_rows) and not compiled:
-        g = _autocast_casts(g, v, k_rows, m_)
+    if category == "precision" and len(k_rows):
+        g = _autocast_casts(g, v, k_rows, m_, compiled)
     m_rows, saved_m = parsed.get("m", _NONE)
     if len(m_rows):
         def copy_durations() -> np.ndarray:
@@ -307,13 +309,15 @@ AUTOCAST_WEIGHT_OPS = ("aten::linear", "aten::addmm", "aten::conv1d", "aten::con
 AUTOCAST_CAST_OPS, AUTOCAST_CAST_BACKWARD_OPS = 4, 6
 
 
-def _autocast_casts(g: Graph, v: RankView, k_rows: np.ndarray, memo: FixMemo) -> Graph:
+def _autocast_casts(g: Graph, v: RankView, k_rows: np.ndarray, memo: FixMemo, compiled: bool = False) -> Graph:
     """The host work autocast adds, which a host-bound step pays in full: one weight cast per
     call of each forward weight op (:data:`AUTOCAST_WEIGHT_OPS`) whose FP32 kernels the fix
     converts (the FP8 fix's 16-bit kernels add none), forward and (training) backward, each
     priced at this trace's own host cost per recorded op (the replayed host's busy time per step
     over the ops recorded in steps, per step), added to the launch of that op's first converted
-    kernel."""
+    kernel. ``compiled`` (with torch.compile's fix): each cast is one kernel forward and one
+    backward instead, at the host cost per launched kernel of the step (the compile model's
+    price of a kernel it keeps)."""
     from gpuprof.idle import has_backward, outermost_aten
 
     def where() -> tuple[np.ndarray, int]:
@@ -340,19 +344,25 @@ def _autocast_casts(g: Graph, v: RankView, k_rows: np.ndarray, memo: FixMemo) ->
         act_of[g.a_row[acts]] = acts
         pos = act_of[first_rows]
         calls = g.a_launch[pos[pos >= 0]]
-        return calls[calls >= 0], AUTOCAST_CAST_OPS + (AUTOCAST_CAST_BACKWARD_OPS if has_backward(ops) else 0)
+        return calls[calls >= 0], has_backward(ops)
 
-    calls, per_cast = memo.fix("autocast_casts", where)
+    calls, training = memo.fix("autocast_casts", where)
     if not len(calls):
         return g
     i = g.ranks.index(v.rank)
     in_step = (g.h_rank == i) & (g.h_step >= 0)
     n = max(v.n_steps, 1)
     busy = float((np.maximum(g.h_gap[in_step], 0.0) + g.h_dur[in_step]).sum()) / n
-    ops = v.trace.ops
-    ops_in_steps = int((ops["step"].to_numpy() >= 0).sum()) if "step" in ops.columns else len(ops)
-    per_op = busy / max(ops_in_steps / n, 1.0)
-    return tf.add_host(g, calls, np.full(len(calls), per_op * per_cast))
+    if compiled:
+        launched = (g.a_rank == i) & (g.a_kind == 0) & (g.a_launch >= 0)
+        per_kernel = busy / max(float((launched & in_step[np.maximum(g.a_launch, 0)]).sum()) / n, 1.0)
+        cost = per_kernel * (2 if training else 1)
+    else:
+        ops = v.trace.ops
+        in_ops = int((ops["step"].to_numpy() >= 0).sum()) if "step" in ops.columns else 0
+        per_op = busy / max((in_ops or len(ops)) / n, 1.0)
+        cost = per_op * (AUTOCAST_CAST_OPS + (AUTOCAST_CAST_BACKWARD_OPS if training else 0))
+    return tf.add_host(g, calls, np.full(len(calls), cost))
 
 
 def _tail_fix(g: Graph, v: RankView, saved: dict[int, float]) -> Graph:
