@@ -84,6 +84,8 @@ def test_framework_unprofiled_step_matches_its_own_clock(tmp_path: Path, name: s
     print(json.dumps({"program": name, "own_clock_ms": own, "recorded_runs_own_clock_ms": rec_own.get("step_ms"),
                       "unprofiled_step_ms": got, "timing": timing}, indent=1))
     assert timing["method"] == "cuda_events" and timing["converged"] is True, timing
+    if rec_own.get("workers"):  # chunks of whole loader cycles (window.py)
+        assert timing["loader_workers"] == rec_own["workers"] and timing["chunk_steps"] % rec_own["workers"] == 0
     assert m["ranks"][0]["steps_seen"] == rec_own["optimizer_steps"]
     w, start = timing["window"], rec_own["per_step_from"]
     same = [x for i, (x, prof) in enumerate(zip(rec_own["per_step_ms"], rec_own["profiled"]))

@@ -24,18 +24,21 @@ from typing import Any
 
 import pytest
 
-from gpuprof.record.window import BUDGET_CHUNKS, CHUNK_MIN_S, CHUNK_STEPS, MIN_CHUNKS, Window, chunk_steps, mser
+from gpuprof.record.window import (BUDGET_CHUNKS, CHUNK_MIN_S, CHUNK_STEPS, MIN_CHUNKS, Window, chunk_steps, mser,
+                                   whole_cycles)
 from tests.test_record import FAST, manifest, record, write
 
 
-def run_window(ms: list[float], ready: list[int | None] | None = None, start: int = 6) -> tuple[Window, int]:
-    """Feed a Window per-step times (host clock, a fake one) until it decides; the deciding step."""
+def run_window(ms: list[float], ready: list[int | None] | None = None, start: int = 6,
+               workers: int | None = None) -> tuple[Window, int]:
+    """Feed a Window per-step times (host clock, a fake one) until it decides; the deciding step
+    (-1: ``ms`` ran out first)."""
     now = [0.0]
     w = Window(start, None, clock=lambda: now[0])
     for i, dt in enumerate(ms):
         step = start + i
         now[0] += dt / 1000.0
-        w.sample(ready[i] if ready else None)
+        w.sample(ready[i] if ready else None, workers)
         if w.due(step):
             w.mark(step, None)
         if w.decide():
@@ -183,6 +186,45 @@ def test_fast_steps_are_timed_in_chunks_of_fixed_duration() -> None:
     assert chunk_steps(25.0) == CHUNK_STEPS and chunk_steps(0.0) == CHUNK_STEPS  # slow steps keep 10-step chunks
 
 
+# The Lightning program's own CUDA-event clock, ms per step, steps 6-105 (REAL: the H200, 2026-12-03
+# 15:05 UTC, sample_traces/programs/frameworks/lightning_resnet.py, 4 DataLoader workers, recorded
+# unprofiled under the old 10-step chunks, which did not converge on it): a wait every 4th step.
+LIGHTNING_4_WORKERS_MS = [
+    16.5, 14.1, 18.5, 14.2, 14.2, 25.7, 23.8, 18.1, 15.1, 73.7, 23.5, 14.2, 19.7, 43.1, 23.8, 13.1, 14.0,
+    43.1, 21.8, 15.6, 16.0, 52.4, 14.4, 14.6, 19.7, 65.2, 14.6, 12.8, 20.2, 62.7, 23.5, 19.4, 19.5, 24.7,
+    12.8, 20.3, 12.8, 75.2, 14.5, 12.8, 12.8, 62.2, 17.8, 12.9, 15.3, 60.6, 16.0, 12.8, 13.4, 58.7, 20.9,
+    12.8, 18.9, 59.6, 15.6, 12.8, 15.0, 40.8, 18.9, 21.1, 13.9, 45.0, 16.4, 24.7, 21.7, 26.2, 21.0, 13.3,
+    21.3, 28.5, 29.2, 17.1, 22.9, 30.5, 24.6, 22.9, 22.6, 22.6, 21.6, 34.7, 27.7, 24.8, 14.8, 36.6, 23.8,
+    20.2, 13.8, 35.6, 19.9, 22.8, 23.9, 52.2, 22.0, 23.4, 15.0, 47.7, 30.9, 18.7, 15.2, 39.7]
+
+
+def test_chunks_hold_whole_cycles_of_the_dataloaders_workers() -> None:
+    """A loop its 4 workers do not keep up with waits every 4th step: 10-step chunks hold two or
+    three waits and swing from chunk to chunk (the real clock above: 22.4, 30.0, 22.5, 29.1 ms;
+    not converged in 100 steps), 12-step chunks hold three each and converge on the same steps'
+    mean. Synthetic: an exact 4-step cycle never converges in 10-step chunks, at once in 12."""
+    assert [whole_cycles(10, k) for k in (None, 1, 3, 4, 8, 16, 20, 21, 32)] == [10, 10, 12, 12, 16, 16, 20, 10, 10]
+    assert chunk_steps(25.0, 4) == 12 and chunk_steps(5.0, 4) == 40 and chunk_steps(7.0, 3) == 30
+    ms = LIGHTNING_4_WORKERS_MS
+    w, at = run_window(ms)
+    assert at == -1 and w.result()[1]["converged"] is False
+    w, at = run_window(ms, workers=4)
+    got, info = w.result()
+    assert info["converged"] is True and at < 6 + len(ms) - 1 and info["loader_workers"] == 4
+    assert info["first_chunk_steps"] == info["chunk_steps"] == 12
+    assert all((c["steps"][1] - c["steps"][0] + 1) % 4 == 0 for c in info["chunks"])
+    first, last = info["window"]["first_step"], info["window"]["last_step"]
+    assert got == pytest.approx(sum(ms[first - 6:last - 5]) / (last - first + 1), rel=1e-3)
+
+    cycle = [14.0, 15.0, 14.0, 60.0] * 60  # the real loop's shape, exactly periodic: mean 25.75 ms
+    w, at = run_window(cycle)
+    assert w.result()[1]["converged"] is False and w.result()[1]["spread_pct"] > 15  # 23.5, 28.0, 23.5, ...
+    w, at = run_window(cycle, workers=4)
+    got, info = w.result()
+    assert info["converged"] is True and info["spread_pct"] == 0.0 and got == pytest.approx(25.75)
+    assert at == 6 + 12 * MIN_CHUNKS
+
+
 def test_a_fixed_window_is_the_n_steps_after_the_skipped_ones() -> None:
     now = [0.0]
     w = Window(3, 4, clock=lambda: now[0])
@@ -244,6 +286,7 @@ def test_the_window_waits_for_the_prefetched_queue_to_drain(tmp_path: Path) -> N
     assert timing["rule"] == "steady" and timing["converged"] in (True, False), timing
     assert abs(got - own["step_ms"]) <= 0.05 * own["step_ms"], (got, own, timing)
     assert timing["window"]["first_step"] > 15 and "loader_ready_min" in timing["chunks"][0]
+    assert timing["loader_workers"] == 2 and timing["first_chunk_steps"] % 2 == timing["chunk_steps"] % 2 == 0
     assert m["profiler"]["timing_rule"] == "steady" and m["traces"]
 
 

@@ -52,6 +52,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import math
 import os
 import signal
 import sys
@@ -149,7 +150,7 @@ class Recorder:
         if self.steps < w.first:
             return
         if not w.closed:
-            w.sample(self._ready_batches())
+            w.sample(self._ready_batches(), self._loader_workers() if len(w.marks) < 2 else None)
             if w.due(self.steps):
                 w.mark(self.steps, self._event(first=not w.marks))
         if w.decide():
@@ -170,6 +171,18 @@ class Recorder:
         except Exception:
             return None  # qsize() is not implemented everywhere (macOS)
         return n if seen else None
+
+    def _loader_workers(self) -> int | None:
+        """The worker processes of the program's live multi-process DataLoader iterators (the
+        least common multiple of their counts, over several loaders; None: none, or unreadable)."""
+        n = 1
+        try:
+            for it in list(self.loaders):
+                if not getattr(it, "_shutdown", True):
+                    n = math.lcm(n, int(it._num_workers))
+        except Exception:
+            return None
+        return n if n > 1 else None
 
     # --- timing without the profiler -------------------------------------------------------
     def _event(self, first: bool) -> Any:
