@@ -201,7 +201,7 @@ LIGHTNING_4_WORKERS_MS = [
 def test_chunks_hold_whole_cycles_of_the_dataloaders_workers() -> None:
     """A loop its 4 workers do not keep up with waits every 4th step: 10-step chunks hold two or
     three waits and swing from chunk to chunk (the real clock above: 22.4, 30.0, 22.5, 29.1 ms;
-    not converged in 100 steps), 12-step chunks hold three each and converge on the same steps'
+    not converged by step 105, nine chunks), 12-step chunks hold three each and converge on the same steps'
     mean. Synthetic: an exact 4-step cycle never converges in 10-step chunks, at once in 12."""
     assert [whole_cycles(10, k) for k in (None, 1, 3, 4, 8, 16, 20, 21, 32)] == [10, 10, 12, 12, 16, 16, 20, 10, 10]
     assert chunk_steps(25.0, 4) == 12 and chunk_steps(5.0, 4) == 40 and chunk_steps(7.0, 3) == 30
@@ -371,3 +371,33 @@ def test_timed_steps_takes_steady_or_a_number(tmp_path: Path) -> None:
     r = record(tmp_path, "run", sys.executable, "-c", "pass", opts=["--timed-steps", "often"])
     assert r.returncode == 2 and "expected 'steady' or a number of steps" in r.stderr
     assert FAST[2:4] == ["--timed-steps", "3"]
+
+
+def test_the_loader_cycle_over_several_loaders() -> None:
+    """Fake iterators (only the fields the recorder reads): one loader's worker count, the lcm of
+    several while it stays within twice the first chunk, else the largest count; shut-down
+    iterators and unreadable ones are left out."""
+    import weakref
+
+    from gpuprof.record.hook import Recorder
+
+    class It:
+        def __init__(self, n: int, shutdown: bool = False) -> None:
+            self._num_workers, self._shutdown = n, shutdown
+
+    def cycle(*its: It) -> int | None:
+        r = object.__new__(Recorder)
+        r.loaders = weakref.WeakSet(its)
+        return r._loader_workers()
+
+    assert cycle() is None and cycle(It(1)) is None
+    assert cycle(It(4)) == 4 and cycle(It(4), It(2)) == 4 and cycle(It(4), It(6)) == 12
+    assert cycle(It(8), It(6)) == 8  # lcm 24 > 2 * CHUNK_STEPS: the largest loader's
+    assert cycle(It(4), It(6, shutdown=True)) == 4
+
+    class Broken:
+        @property
+        def _shutdown(self) -> bool:
+            raise RuntimeError("torch changed")
+
+    assert cycle(It(4), Broken()) is None  # type: ignore[arg-type]

@@ -62,7 +62,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gpuprof.record.window import Window
+from gpuprof.record.window import CHUNK_STEPS, Window
 
 _STATE: "Recorder | None" = None
 AFTER_SKIP = 2  # steps between the profiler's stop and the after-profiling check (the export runs in them)
@@ -173,15 +173,20 @@ class Recorder:
         return n if seen else None
 
     def _loader_workers(self) -> int | None:
-        """The worker processes of the program's live multi-process DataLoader iterators (the
-        least common multiple of their counts, over several loaders; None: none, or unreadable)."""
-        n = 1
+        """The cycle of the program's live multi-process DataLoader iterators, in steps: their
+        worker count; over several loaders the least common multiple of their counts where it is
+        at most twice the first chunk, else the largest count (window.py); None: none, or
+        unreadable."""
+        counts = []
         try:
             for it in list(self.loaders):
                 if not getattr(it, "_shutdown", True):
-                    n = math.lcm(n, int(it._num_workers))
+                    counts.append(int(it._num_workers))
         except Exception:
             return None
+        n = math.lcm(*counts) if counts else 1
+        if n > 2 * CHUNK_STEPS:
+            n = max(counts)
         return n if n > 1 else None
 
     # --- timing without the profiler -------------------------------------------------------

@@ -7,18 +7,20 @@ a real training loop's steps vary by 5-20 % from chunk to chunk (logging, the in
 host), so a few steps that happen to agree are no measure of it. So the recorder skips
 ``--skip-steps`` steps and then, by default (the ``steady`` rule), times consecutive chunks of
 steps and reports the mean over every chunk of the steady phase. The first chunk is
-:data:`CHUNK_STEPS` steps; every later one is as many steps as make at least :data:`CHUNK_MIN_S`
+:data:`CHUNK_STEPS` steps (rounded up to whole loader cycles, below); every later one is as many steps as make at least :data:`CHUNK_MIN_S`
 seconds at the first chunk's pace (and never fewer than :data:`CHUNK_STEPS`): a chunk of 10 steps of
 a compiled 10 ms step is 0.1 s, over which the host's own jitter (a garbage collection, a logging
 step, the launch queue) moves its mean by 20 %, where 10 steps of a 25 ms step move it by 5 %;
 a chunk of fixed duration holds that jitter to one size whatever the step time. Where the program
-reads a multi-process DataLoader, every chunk (the first included) is also a whole number of its
-cycles: the loader hands out batches from its ``num_workers`` workers in turn, so a loop its
+reads a multi-process DataLoader (seen by the first boundary for the first chunk, by the end of
+the first chunk for the others), every chunk is also a whole number of its cycles: the loader hands out batches from its ``num_workers`` workers in turn, so a loop its
 workers do not keep up with waits every ``num_workers``-th step (a Lightning ResNet-18 with 4
 workers on the H200: steps of 19, 22, 20 and 44 ms, over and over), and a 10-step chunk holds two
 or three of those waits, its mean swinging 22 ↔ 30 ms from chunk to chunk, where 12-step chunks
 hold three each. A cycle that would more than double a chunk is not followed (a loader of many
-workers: the budget would run out first):
+workers: the budget would run out first); over several live loaders (training and validation)
+the cycle is the least common multiple of their worker counts where that stays within twice the
+first chunk, else the largest loader's (the recorder cannot tell which loader the step reads):
 
 - the steady phase starts after the DataLoader's queue has stopped draining (the fewest batches
   found ready in the program's multi-process DataLoader queues during a chunk fell below the
@@ -55,7 +57,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-CHUNK_STEPS = 10  # the first chunk, and the fewest steps of any chunk
+CHUNK_STEPS = 10  # the first chunk (before whole loader cycles), and the fewest steps of any chunk
 CHUNK_MIN_S = 0.2  # later chunks last at least this long at the first chunk's pace
 MIN_CHUNKS = 4
 SEM_PCT = 2.0
@@ -314,7 +316,9 @@ class Window:
             info.update(chunk_steps=self.chunk_steps, first_chunk_steps=self.first_chunk_steps, chunk_min_s=CHUNK_MIN_S,
                         min_chunks=MIN_CHUNKS, sem_pct=SEM_PCT, converged=self.converged)
             if self.workers:
-                info["loader_workers"] = self.workers
+                info["loader_workers"] = self.workers  # the cycle seen (a worker count, or the lcm of several)
+                info["loader_cycles_followed"] = (self.first_chunk_steps % self.workers == 0
+                                                  and self.chunk_steps % self.workers == 0)
             if self.converged is False and self.why:
                 info["not_converged_why"] = self.why
         info["chunks"] = [{"steps": [c.first_step, c.last_step], "ms": round(m, 4), "host_ms": round(c.host_ms, 4),
