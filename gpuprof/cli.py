@@ -18,6 +18,7 @@ import click
 import gpuprof
 from gpuprof import files
 from gpuprof.errors import GpuprofError, UsageError
+from gpuprof.record import window as W
 
 
 def _say(text: str) -> None:
@@ -322,9 +323,11 @@ def _timed_steps(ctx: click.Context, param: click.Parameter, value: str) -> int 
               help="Steps left alone at start (compilation, warm-up).")
 @click.option("--timed-steps", default="steady", show_default=True, callback=_timed_steps, metavar="steady|N",
               help="Steps timed without the profiler (on the GPU timeline with CUDA events when the program uses "
-                   "CUDA): the real step time that corrects host-side estimates. 'steady': chunks of 10 steps until "
-                   "3 agree within 3 % and the DataLoader's queue is not draining (at most 200 steps or 60 s); "
-                   "N: exactly N steps.")
+                   f"CUDA): the real step time that corrects host-side estimates. 'steady': chunks of {W.CHUNK_STEPS} "
+                   f"steps or {W.CHUNK_MIN_S:g} s, whichever is longer (whole DataLoader worker cycles), the warm-up "
+                   "cut by the MSER rule once the DataLoader's queue is no longer draining, until at least "
+                   f"{W.MIN_CHUNKS} chunks hold a mean within {W.SEM_PCT:g} % (standard error); at most "
+                   f"{W.BUDGET_CHUNKS} chunks or {W.BUDGET_S:g} s. N: exactly N steps.")
 @click.option("--nvml-hz", default=20.0, show_default=True, type=click.FloatRange(min=0, min_open=True, max=1000),
               help="NVML samples per second per GPU.")
 @click.option("--no-nvml", is_flag=True, help="Do not sample NVML.")
