@@ -12,6 +12,7 @@ over whole columns.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 import numpy as np
@@ -184,10 +185,15 @@ def optimizer_spans(t: RankTrace, zero_grad: bool = False) -> pd.DataFrame:
     return spans.drop(columns="step").sort_values("ts", kind="stable").reset_index(drop=True)
 
 
-def _driving_spans(t: RankTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+#: :func:`driving_spans` of a trace: (starts, ends, op rows; -1 for an annotation).
+Spans = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def driving_spans(t: RankTrace, opt: pd.DataFrame | None = None) -> Spans:
     """The spans of the top-level ops that drive the GPU (a runtime call inside them, on their
-    thread) and of the optimizer's ``Optimizer.step#``/``zero_grad#`` annotations, sorted by
-    start: (starts, ends, op rows; -1 for an annotation)."""
+    thread) and of the optimizer's ``Optimizer.step#``/``zero_grad#`` annotations (``opt``: those
+    already read, :func:`optimizer_spans` with ``zero_grad``), sorted by start: (starts, ends, op
+    rows; -1 for an annotation). :class:`gpuprof.rank.RankView` reads them once per rank."""
     ops, rt = t.ops, t.runtime
     ots_all, oen_all, otid, orows = _cols(ops, (ops["depth"] == 0).to_numpy())
     rts_all, _, rtid, _ = _cols(rt)
@@ -200,21 +206,22 @@ def _driving_spans(t: RankTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         k = np.searchsorted(ots, rts, side="right") - 1
         inside = (k >= 0) & (rts < oen[np.maximum(k, 0)])
         drives[m[np.unique(k[inside])]] = True
-    opt = optimizer_spans(t, zero_grad=True)
+    if opt is None:
+        opt = optimizer_spans(t, zero_grad=True)
     starts = np.r_[ots_all[drives], opt["ts"].to_numpy()]
     ends = np.r_[oen_all[drives], opt["end"].to_numpy()]
     rows = np.r_[orows[drives], np.full(len(opt), -1)]
     order = np.argsort(starts, kind="stable")
     return starts[order], ends[order], rows[order]
 
-def time_in_ops(t: RankTrace, s: np.ndarray, e: np.ndarray) -> np.ndarray:
-    """Per interval [s, e] (trace times), the µs inside the union of :func:`_driving_spans`: host
-    time the model's ops (or the optimizer) account for, as opposed to user Python or CPU-only
-    work between them (:func:`host_outside_ops`)."""
+def time_in_ops(t: RankTrace, s: np.ndarray, e: np.ndarray, spans: Spans | None = None) -> np.ndarray:
+    """Per interval [s, e] (trace times), the µs inside the union of :func:`driving_spans` (``spans``
+    where already read): host time the model's ops (or the optimizer) account for, as opposed to
+    user Python or CPU-only work between them (:func:`host_outside_ops`)."""
     s, e = np.asarray(s, dtype=float), np.asarray(e, dtype=float)
     if not len(t.ops) or not len(s):
         return np.zeros(len(s))
-    us, ue, _, _ = _union(*_driving_spans(t)[:2])
+    us, ue, _, _ = _union(*(spans or driving_spans(t))[:2])
     if not len(us):
         return np.zeros(len(s))
     cum = np.r_[0.0, np.cumsum(ue - us)]
@@ -229,7 +236,7 @@ def time_in_ops(t: RankTrace, s: np.ndarray, e: np.ndarray) -> np.ndarray:
     inside: np.ndarray = np.maximum(covered(e) - covered(s), 0.0)
     return inside
 
-def host_outside_ops(t: RankTrace, g: pd.DataFrame) -> pd.DataFrame:
+def host_outside_ops(t: RankTrace, g: pd.DataFrame, spans: Spans | None = None) -> pd.DataFrame:
     """Per gap, the host time outside every top-level op that drives the GPU (an op with a runtime
     call inside it) on any thread, and outside the optimizer's own spans: user Python or CPU-only
     ops. Every thread counts, since a thread waiting for another (``loss.backward()`` waits for
@@ -240,6 +247,7 @@ def host_outside_ops(t: RankTrace, g: pd.DataFrame) -> pd.DataFrame:
     Columns: outside_us (in the gap), longest_us (the longest such stretch in the gap), hole_start,
     hole_end (that stretch, unclipped), prev_op, next_op (rows of ``ops`` bounding it, -1 if none).
     A trace without ops (GPU-only, some old formats) gives 0: nothing can be told apart.
+    ``spans``: :func:`driving_spans` of ``t``, where already read.
     """
     n = len(g)
     out = {"outside_us": np.zeros(n), "longest_us": np.zeros(n), "hole_start": np.full(n, np.nan),
@@ -248,7 +256,7 @@ def host_outside_ops(t: RankTrace, g: pd.DataFrame) -> pd.DataFrame:
     if not n or not len(t.ops):
         return pd.DataFrame(out, index=g.index)
     gs, ge = g["start"].to_numpy(dtype=float), g["end"].to_numpy(dtype=float)
-    starts, ends, rows = _driving_spans(t)
+    starts, ends, rows = spans or driving_spans(t)
     us, ue, first, ender = _union(starts, ends)
     hs, he = np.r_[-np.inf, ue], np.r_[us, np.inf]
     h_prev = np.r_[-1, rows[ender]] if len(us) else np.array([-1])
@@ -269,11 +277,14 @@ def host_outside_ops(t: RankTrace, g: pd.DataFrame) -> pd.DataFrame:
 def name_mask(names: pd.Series, pattern: str | None = None, among: Iterable[str] = ()) -> np.ndarray:
     """Which names match ``pattern`` (a regex searched) or are ``among`` the given ones, decided
     once per distinct name (name columns are categorical: thousands of rows, tens of names)."""
-    cat = names.astype("category")
-    cats = pd.Series(cat.cat.categories.astype(str))
-    hit = cats.isin(list(among)).to_numpy().copy()
-    if pattern is not None:
-        hit |= cats.str.contains(pattern, regex=True).to_numpy()
+    cat = names if isinstance(names.dtype, pd.CategoricalDtype) else names.astype("category")
+    # a Python loop over the few distinct names: pandas' string methods cost ~1 ms a call whatever
+    # the size, and the analyzers and the replay ask some twenty times a rank
+    wanted = set(among)
+    found = re.compile(pattern).search if pattern is not None else None
+    text = [str(c) for c in cat.cat.categories]
+    hit = np.fromiter((c in wanted or (found is not None and found(c) is not None) for c in text), dtype=bool,
+                      count=len(text))
     codes = cat.cat.codes.to_numpy()
     return hit[codes] & (codes >= 0) if len(hit) else np.zeros(len(names), dtype=bool)
 
@@ -327,7 +338,7 @@ def _longest_on_thread(ev: tuple[np.ndarray, ...], g: pd.DataFrame, tids: np.nda
         row[gi], cov[gi] = rows_all[m[idx[best]]], c[best]
     return row, cov
 
-def classify_gaps(t: RankTrace) -> pd.DataFrame:
+def classify_gaps(t: RankTrace, spans: Spans | None = None) -> pd.DataFrame:
     """Each idle gap with one cause, so the host-side analyzers never share a gap. In order of
     precedence:
 
@@ -356,7 +367,8 @@ def classify_gaps(t: RankTrace) -> pd.DataFrame:
 
     Extra columns: ``call_row``/``call_us`` and ``op_row``/``op_us`` (the runtime call and the
     top-level op on the launching thread covering most of the gap, rows or -1, and µs covered),
-    ``launch_tid``, and the :func:`host_outside_ops` columns.
+    ``launch_tid``, and the :func:`host_outside_ops` columns (``spans``: :func:`driving_spans` of
+    ``t``, where already read).
     """
     g = gaps(t)
     if g.empty:
@@ -475,7 +487,7 @@ def classify_gaps(t: RankTrace) -> pd.DataFrame:
     st = g["step"].map(step_time).fillna(0.0).to_numpy(dtype=float)
     stall = (dur >= np.maximum(STALL_MIN_US, STALL_STEP_SHARE * st)) & (np.maximum(call_us, op_us) >= 0.5 * dur)
 
-    outside = host_outside_ops(t, g)
+    outside = host_outside_ops(t, g, spans)
     work = late & (outside["longest_us"].to_numpy() >= np.maximum(HOST_WORK_MIN_US, 0.5 * dur))
     # Long host work in only some of the steps (a checkpoint save every N steps) is a stall:
     # work that recurs every step (tokenising) is input work. One profiled step cannot tell.
