@@ -63,10 +63,14 @@ def collective_table(r: RankResult) -> pd.DataFrame:
     long before it ended the next GPU work had been queued (``queued_for``)."""
     t = r.trace
     k = t.kernels
-    comm = k[k["is_comm"] & (k["step"] >= 0)].sort_values("ts")
+    is_comm = k["is_comm"].to_numpy(dtype=bool)
+    # the columns read below: a row filter of the whole frame would copy every column
+    cols = [c for c in ("ts", "end", "dur", "step", "name", "in_nelems", "collective", "stream", "process_group",
+                        "coll_seq") if c in k]
+    comm = k.loc[is_comm & (k["step"] >= 0).to_numpy(), cols].sort_values("ts")
     if comm.empty:
         return pd.DataFrame(columns=COLLECTIVE_COLUMNS)
-    compute = k[~k["is_comm"]][["ts", "end"]]
+    compute = k.loc[~is_comm, ["ts", "end"]]
     exposed = comm["dur"].to_numpy() - _covered(compute, comm["ts"].to_numpy(), comm["end"].to_numpy())
     # How long before the collective ended was the next non-collective GPU work launched?
     work = pd.concat([k.loc[~k["is_comm"], ["ts", "launch_ts"]], t.memcpys[["ts", "launch_ts"]]]).sort_values("ts")

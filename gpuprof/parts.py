@@ -57,7 +57,10 @@ def kernel_sums(r: RankResult) -> pd.DataFrame:
     FLOPs, bytes, roofline time and the time they cover (kernels the cost model knows); the
     time in each roofline class; engine, math dtype, op and the input shapes of the op that
     launched the name's first instance."""
-    k = pd.concat([r.trace.kernels, r.roofline], axis=1)
+    # the columns read below, not the two wide frames: the row filter would copy every column
+    k = pd.concat([r.trace.kernels[["name", "step", "dur", "op"]],
+                   r.roofline[["t_roof_us", "flops", "bytes", "model_error", "model_error_pct", "engine", "math_dtype",
+                               "op_name", "bound"]]], axis=1)
     if (k["step"] >= 0).any():
         k = k[k["step"] >= 0]
     cols = ["name", *SUM_COLUMNS, "any_model", "engine", "math_dtype", "op", "shapes"]
@@ -78,12 +81,14 @@ def kernel_sums(r: RankResult) -> pd.DataFrame:
         e_count=k["model_error"].astype(np.int64),
     )
     g = k.groupby("name", sort=False, observed=True)
-    t = g.agg(count=("dur", "size"), total_us=("dur", "sum"), m_dur=("m_dur", "sum"), flops=("m_flops", "sum"),
-              bytes=("m_bytes", "sum"), m_roof=("m_roof", "sum"), e_dur=("e_dur", "sum"),
-              e_roof=("e_roof", "sum"), e_count=("e_count", "sum"), any_model=("modelled", "any"),
-              kernel_engine=("engine", "first"), math_dtype=("math_dtype", "first"), op=("op_name", "first"),
-              first_op=("op", "first"))
-    t = t.rename(columns={"kernel_engine": "engine"})  # ``engine=`` is an argument of agg() itself
+    # one grouped pass per kind of reduction (a named aggregation per column costs a pass each)
+    t = g[["dur", "m_dur", "m_flops", "m_bytes", "m_roof", "e_dur", "e_roof", "e_count"]].sum()
+    t.columns = ["total_us", "m_dur", "flops", "bytes", "m_roof", "e_dur", "e_roof", "e_count"]
+    t.insert(0, "count", g.size())
+    t["any_model"] = g["modelled"].any()
+    first = g[["engine", "math_dtype", "op_name", "op"]].first()
+    first.columns = ["engine", "math_dtype", "op", "first_op"]
+    t = t.join(first)
     ops = r.trace.ops
     dims = ops["input_dims"].to_numpy() if len(ops) else np.array([], dtype=object)
     rows = t["first_op"].to_numpy()
