@@ -13,7 +13,7 @@ import pandas as pd
 from gpuprof.claims import Unit, units_of
 from gpuprof.hostcost import event_cost_us, profiler_cost_us, unprofiled_step_ms
 from gpuprof.hostops import update_loops
-from gpuprof.idle import CAUSE_ORDER, classify_gaps, optimizer_spans
+from gpuprof.idle import CAUSE_ORDER, classify_gaps, driving_spans, optimizer_spans
 from gpuprof.roofline import classify
 from gpuprof.specs import GpuSpec
 from gpuprof.timeline import StepSummary, summarize
@@ -90,7 +90,11 @@ class RankView:
         #: GPU busy time per step (kernels, copies) and the real step time (µs; the traced one when unknown)
         self.busy_us = self.step_time_us * (100.0 - r.summary.breakdown_pct["idle"]) / 100.0
         self.unprofiled_or_traced_step_us = unprofiled * 1000.0 if unprofiled else self.step_time_us
-        g = classify_gaps(t)
+        # the optimizer's spans and the GPU-driving spans are read once here: the gaps, the
+        # analyzers and the replay's transformations all ask for them
+        self._optimizer_spans: dict[bool, pd.DataFrame] = {True: optimizer_spans(t, zero_grad=True)}
+        self.driving_spans = driving_spans(t, self._optimizer_spans[True])
+        g = classify_gaps(t, self.driving_spans)
         starts = np.sort(host.to_numpy())
         n = np.searchsorted(starts, g["end"].to_numpy()) - np.searchsorted(starts, g["start"].to_numpy())
         real_dur = np.maximum(0.0, g["dur"].to_numpy() - self.event_cost_us * n)
@@ -103,7 +107,6 @@ class RankView:
                     real_dur[m] *= budget / total
                 budget = max(0.0, budget - real_dur[m].sum())
         self.gaps = g.assign(events=n, real_dur=real_dur)
-        self._optimizer_spans: dict[bool, pd.DataFrame] = {}
         self._update_loops: pd.DataFrame | None = None
 
     def optimizer_spans(self, zero_grad: bool = False) -> pd.DataFrame:

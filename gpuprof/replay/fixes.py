@@ -492,7 +492,7 @@ def _compiled_host(before: Graph, g: Graph, v: RankView, gone: np.ndarray, memo:
         s = np.minimum(prev_end, g.h_ts[mine]) - g.rank_offset_us[i]
         e = g.h_ts[mine] - g.rank_offset_us[i]
         span = e - s
-        covered = time_in_ops(v.trace, s, e)
+        covered = time_in_ops(v.trace, s, e, v.driving_spans)
         user = span - covered >= HOST_WORK_MIN_US
         inside = np.ones(g.n_host)
         inside[mine] = np.where(user, covered / np.where(span > 0, span, 1.0), 1.0)
