@@ -100,13 +100,14 @@ def _analyse(ex: Executor, jobs: list[Job], gpu: str | None, gpu_spec: str | Non
     cross = distributed.plan(parts, lambda slow, waits, waiting: ex.call(slow_job, job_of[slow], waits, waiting), names)
     job_cost: list[float | None] = [None]
     # each rank's graph where the job's replay built it in this process, with the job's replayed
-    # step on them: the ranks' plans and the projection share them (no graph built twice)
-    built: list[tuple[list[Any], float] | None] = [None]
+    # step on them and the job graph they were joined to: the ranks' plans and the projection
+    # share them (no graph built or joined twice)
+    built: list[tuple[list[Any], float, Any] | None] = [None]
 
     def replay(categories: Sequence[str]) -> dict[str, list[float]]:
-        figures, job_cost[0], graphs = job_replay(ex, jobs, unprofiled_step_ms, categories)
-        if graphs is not None and ex.store is not None and figures:
-            built[0] = graphs, next(iter(figures.values()))[0]
+        figures, job_cost[0], made = job_replay(ex, jobs, unprofiled_step_ms, categories)
+        if made is not None and ex.store is not None and figures:
+            built[0] = made[0], next(iter(figures.values()))[0], made[1]
         return figures
 
     pricing.price_cross(cross, parts, replay)
@@ -143,12 +144,13 @@ def findings_of(parts: Sequence[RankPart], contribs: Sequence[Any]) -> list[Find
 
 def _job_projection(jobs: Sequence[Job], parts: Sequence[RankPart], outcomes: Sequence[RankOutcome],
                     findings: Sequence[Finding], frames: Sequence[Any] | None, cost_us: float | None,
-                    built: tuple[list[Any], float] | None = None) -> dict[str, Any]:
+                    built: tuple[list[Any], float, Any] | None = None) -> dict[str, Any]:
     """Several ranks: the projection on the job graph (:func:`gpuprof.pricing.job_projection`),
     made in this process only where the ranks' frames are here or a job that small
     (``IN_PROCESS_MAX_BYTES``) may be loaded again: the bounded many-rank path keeps frames out
-    of this process. ``built``: the ranks' graphs the cross-rank replay made here and the job's
-    step it replayed on them, deflated by ``cost_us`` (what the projection starts from)."""
+    of this process. ``built``: the ranks' graphs the cross-rank replay made here, the job's step
+    it replayed on them and the job graph it joined them to, deflated by ``cost_us`` (what the
+    projection starts from)."""
     if frames is None and not (jobs and job_bytes([Path(j.path) for j in jobs]) <= IN_PROCESS_MAX_BYTES):
         return dict(pricing.NO_PROJECTION)
     if not [f for f in findings if f.confidence in pricing.PROJECTED_CONFIDENCE]:
@@ -157,8 +159,8 @@ def _job_projection(jobs: Sequence[Job], parts: Sequence[RankPart], outcomes: Se
     plans = [o.plan for o in outcomes]
     if any(p is None and o.claims for p, o in zip(plans, outcomes)):
         plans = list(plans_of(ranks, parts, [o.claims for o in outcomes], jobs))
-    graphs, before = built if built is not None else (None, None)
-    return pricing.job_projection(plans, [r.trace for r in ranks], parts, findings, cost_us, graphs, before)
+    graphs, before, joined = built if built is not None else (None, None, None)
+    return pricing.job_projection(plans, [r.trace for r in ranks], parts, findings, cost_us, graphs, before, joined)
 
 
 def plans_of(ranks: Sequence[Any], parts: Sequence[RankPart], claims: Sequence[Any], jobs: Sequence[Job]
@@ -175,13 +177,14 @@ def plans_of(ranks: Sequence[Any], parts: Sequence[RankPart], claims: Sequence[A
 
 
 def job_replay(ex: Executor, jobs: Sequence[Job], unprofiled_step_ms: float | None, categories: Sequence[str]
-               ) -> tuple[dict[str, list[float]], float, list[Any] | None]:
+               ) -> tuple[dict[str, list[float]], float, tuple[list[Any], Any] | None]:
     """The cross-rank findings' replay (gpuprof.replay.job.fix_steps), the job's profiler cost
     per recorded host event it was deflated by (:func:`gpuprof.replay.job.job_cost`) and the ranks'
-    graphs (:class:`gpuprof.replay.job.RankGraph`; None where the results cache had the figures):
-    each rank's graph built by the workers, joined here; filed in the results cache under every
-    rank's content, so an unchanged job is not loaded again for it."""
-    from gpuprof.replay.job import fix_steps, job_cost
+    graphs (:class:`gpuprof.replay.job.RankGraph`) with the job graph joined from them, deflated
+    (None where the results cache had the figures): each rank's graph built by the workers, joined
+    here once; filed in the results cache under every rank's content, so an unchanged job is not
+    loaded again for it."""
+    from gpuprof.replay.job import fix_steps, joined_job
     from gpuprof.trace import cache as pcache
 
     def key() -> str | None:
@@ -196,11 +199,11 @@ def job_replay(ex: Executor, jobs: Sequence[Job], unprofiled_step_ms: float | No
         if hit is not None:
             return (*hit, None)
     graphs = ex.map(graph_job, jobs)
-    cost = job_cost(graphs, unprofiled_step_ms)
-    out = (fix_steps(graphs, unprofiled_step_ms, categories, cost), cost)
+    g, cost = joined_job(graphs, unprofiled_step_ms)
+    out = (fix_steps(graphs, unprofiled_step_ms, categories, cost, g), cost)
     if before is not None and key() == before:  # the files did not change meanwhile
         pcache.put_result(before, out, kind, root)
-    return (*out, graphs)
+    return (*out, (graphs, g))
 
 
 def check_ranks(metas: Sequence[TraceMeta], steps: Sequence[pd.DataFrame]) -> None:

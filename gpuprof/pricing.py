@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from gpuprof.analyzers.distributed import CrossCandidate
     from gpuprof.findings import Finding
     from gpuprof.parts import RankPart
+    from gpuprof.replay.graph import Graph
     from gpuprof.replay.job import RankGraph
     from gpuprof.trace.model import RankTrace
 
@@ -298,14 +299,16 @@ CROSS_FIXES = ("rank_imbalance", "exposed_communication")
 
 def what_if_job(plans: Sequence[Plan | None], traces: Sequence[RankTrace], parts: Sequence[RankPart],
                 findings: Sequence[Finding], ids: Sequence[str], cost_us: float | None = None,
-                graphs: Sequence[RankGraph] | None = None, before_ms: float | None = None) -> dict[str, Any]:
+                graphs: Sequence[RankGraph] | None = None, before_ms: float | None = None,
+                joined: Graph | None = None) -> dict[str, Any]:
     """Several ranks: each rank's findings applied to its part of the job graph as for one rank
     (its plan's units), the cross-rank ones by their cross-rank transformation; step times are the
     slowest rank's steady-state step. The plans are those the ranks' findings were priced on; the
     job is deflated by ``cost_us`` per recorded host event where the cross-rank findings' replay
     found it (else calibrated here). ``graphs``: the ranks' graphs ready to join, where the
     cross-rank replay made them (the plans' own graphs, built once); ``before_ms``: the job's
-    replayed step that replay found on them with this ``cost_us`` (not replayed again).
+    replayed step that replay found on them with this ``cost_us`` (not replayed again);
+    ``joined``: the job graph it joined them to and deflated by ``cost_us`` (not joined again).
     ``by_class_ms`` is not computed."""
     from gpuprof.replay.job import cross_fix, job, rank_graph, slowest_ms
 
@@ -316,7 +319,8 @@ def what_if_job(plans: Sequence[Plan | None], traces: Sequence[RankTrace], parts
     # the graphs the findings were priced on (as traced), joined: no rank's graph built twice
     rank_graphs = (list(graphs) if graphs is not None and len(graphs) == len(traces)
                    else [rank_graph(t, p.raw if p is not None else None) for t, p in zip(traces, plans)])
-    g = job(rank_graphs, parts[0].unprofiled_step_ms, cost_us)
+    ready = graphs is not None and len(graphs) == len(traces)
+    g = joined if ready and joined is not None else job(rank_graphs, parts[0].unprofiled_step_ms, cost_us)
     before = slowest_ms(g) if before_ms is None or graphs is None else before_ms
     by_id = {f.id: f for f in findings}
     applied: set[str] = set()
@@ -339,14 +343,16 @@ def what_if_job(plans: Sequence[Plan | None], traces: Sequence[RankTrace], parts
 
 def job_projection(plans: Sequence[Plan | None], traces: Sequence[RankTrace], parts: Sequence[RankPart],
                    findings: Sequence[Finding], cost_us: float | None = None,
-                   graphs: Sequence[RankGraph] | None = None, before_ms: float | None = None) -> dict[str, Any]:
+                   graphs: Sequence[RankGraph] | None = None, before_ms: float | None = None,
+                   joined: Graph | None = None) -> dict[str, Any]:
     """Several ranks: the projection as :func:`what_if_job` of every high- and medium-confidence
-    finding it can apply, so the two agree by construction (``graphs``, ``before_ms``: as there)."""
+    finding it can apply, so the two agree by construction (``graphs``, ``before_ms``, ``joined``:
+    as there)."""
     ids = [f.id for f in findings if f.confidence in PROJECTED_CONFIDENCE]
     if not ids:
         return dict(NO_PROJECTION)
     try:
-        w = what_if_job(plans, traces, parts, findings, ids, cost_us, graphs, before_ms)
+        w = what_if_job(plans, traces, parts, findings, ids, cost_us, graphs, before_ms, joined)
     except GpuprofError:
         return dict(NO_PROJECTION)
     applied = [i for i in ids if i in w["applied"]]

@@ -90,6 +90,40 @@ def test_native_rounds_say_when_no_chain_can_go_on() -> None:
     assert simulate._in_order(bad, native=True) is None
 
 
+@needs_native
+@pytest.mark.parametrize("name", ["gpt_host_sync", "gpt_bf16", "tiny_eager", "vision_pageable", "two_sync_forloop"])
+def test_native_traced_passes_give_the_numpy_floats(name: str) -> None:
+    """The traced-times passes in C (``_solve.as_traced``) give up where the numpy passes do (a
+    changed graph) and give their floats and pass count bit for bit where they settle (the
+    unchanged graph)."""
+    path = next(p for p in (SAMPLES / f"{name}.json.gz", SAMPLES / f"{name}.json") if p.exists())
+    g = build([load_trace(path)])
+    settled = 0
+    for x in [g, *_changed(g), host_only(host_free(g))]:
+        for passes in (1, 4):
+            a, b = simulate._as_traced(x, passes, native=False), simulate._as_traced(x, passes, native=True)
+            assert (a is None) == (b is None)
+            if a is not None:
+                _same(a, b)
+                settled += 1
+    assert settled >= 2
+
+
+@needs_native
+@pytest.mark.parametrize("name", ["ddp_slow_rank", "ddp_manual_allreduce"])
+def test_native_windowed_passes_give_the_numpy_floats(name: str) -> None:
+    """The windowed passes in C (``_solve.passes``, mode 1) on a job whose collectives couple its
+    ranks give the numpy passes' floats and pass count bit for bit, with small windows too (many
+    stretches that continue their chain)."""
+    from gpuprof.replay.job import build_job, overlap, rebalance
+
+    g = build_job([load_trace(p) for p in sorted((SAMPLES / name).glob("rank*.json.gz"))])
+    assert (g.a_coll >= 0).any()
+    for x in [g, rebalance(g), overlap(g, g.a_coll >= 0), *_changed(g)]:
+        for window in (simulate.WINDOW, 64):
+            _same(simulate._by_passes(x, window, native=False), simulate._by_passes(x, window, native=True))
+
+
 def test_fix_memo_changes_no_graph() -> None:
     """Each fix applied with its memo filled by an earlier call (on the other bound's graph, as a
     plan does) gives the graph applied afresh, array for array."""

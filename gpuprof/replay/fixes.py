@@ -104,6 +104,16 @@ class FixMemo:
         out: _T = self.own[key]
         return out
 
+    def given(self, key: str, mask: np.ndarray, make: Callable[[], _T]) -> _T:
+        """:meth:`fix`'s entry for a mask the fix derives from the graph it is applied to (the calls
+        that still wait, which an earlier fix applied with it may have changed): made again
+        whenever that mask differs from the one it was made for."""
+        hit = self.own.get(key)
+        if hit is None or not np.array_equal(hit[0], mask):
+            hit = self.own[key] = (mask.copy(), make())
+        out: _T = hit[1]
+        return out
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -598,7 +608,7 @@ def _gap_fix(g: Graph, v: RankView, category: str, gi: np.ndarray, saved: np.nda
         to_host, may_wait = memo.trace("fetches", fetching)
         waiting = calls & (g.h_wait >= 0) & may_wait
         g = tf.drop_waits(g, waiting)
-        g = _drop_syncing_ops(g, v, waiting, to_host)
+        g = _drop_syncing_ops(g, v, waiting, to_host, memo)
     if category == "host_stall":
         g = _remove_one_off(g, v, *stretch)
     g = tf.shrink_host(g, calls, factor)
@@ -627,39 +637,48 @@ def _to_host(g: Graph, v: RankView) -> np.ndarray:
     return out
 
 
-def _drop_syncing_ops(g: Graph, v: RankView, waiting: np.ndarray, to_host: np.ndarray) -> Graph:
+def _drop_syncing_ops(g: Graph, v: RankView, waiting: np.ndarray, to_host: np.ndarray,
+                      memo: FixMemo | None = None) -> Graph:
     """With the value kept on the GPU, the op that fetched it (``aten::item``, ``.cpu()``: the
     outermost aten op around each waiting call) no longer runs: its runtime calls cost nothing,
-    with the host work before each inside the op, and its device-to-host copy goes."""
+    with the host work before each inside the op, and its device-to-host copy goes. ``memo``: the
+    fix's, where which calls and copies those are was found for these ``waiting`` calls already
+    (they depend on the graph's structure and on ``waiting`` alone)."""
     from gpuprof.idle import outermost_aten
 
     t = v.trace
     ops, rt = t.ops, t.runtime
     if not len(ops) or not waiting.any():
         return g
-    ext = rt["external_id"].to_numpy()[g.h_row[waiting]]
-    op_ext = ops["external_id"].to_numpy()
-    order = np.argsort(op_ext, kind="stable")
-    pos = np.clip(np.searchsorted(op_ext[order], ext), 0, len(ops) - 1)
-    hit = (op_ext[order][pos] == ext) & (ext >= 0)
-    rows = np.unique(outermost_aten(ops, order[pos[hit]]))
-    spans = list(zip(ops["ts"].to_numpy(dtype=float)[rows], ops["end"].to_numpy(dtype=float)[rows],
-                     ops["tid"].to_numpy()[rows]))
-    inside = tf.calls_within(g, v.rank, rt["tid"].to_numpy(), spans) | waiting
-    copies = tf.activities_launched_by(g, inside) & to_host
+
+    def fetching_ops() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        ext = rt["external_id"].to_numpy()[g.h_row[waiting]]
+        op_ext = ops["external_id"].to_numpy()
+        order = np.argsort(op_ext, kind="stable")
+        pos = np.clip(np.searchsorted(op_ext[order], ext), 0, len(ops) - 1)
+        hit = (op_ext[order][pos] == ext) & (ext >= 0)
+        rows = np.unique(outermost_aten(ops, order[pos[hit]]))
+        spans = list(zip(ops["ts"].to_numpy(dtype=float)[rows], ops["end"].to_numpy(dtype=float)[rows],
+                         ops["tid"].to_numpy()[rows]))
+        inside = tf.calls_within(g, v.rank, rt["tid"].to_numpy(), spans) | waiting
+        copies = tf.activities_launched_by(g, inside) & to_host
+        # the host work before a call goes only as far as it lies inside the op: what ran before the
+        # op began (tokenising before a batch's blocking `.to()`, say) is the program's own work, not
+        # the fetch's
+        idx = np.flatnonzero(inside)
+        at = g.h_ts[idx] - g.rank_offset_us[g.h_rank[idx]]
+        in_op = np.full(len(idx), np.inf)  # a waiting call in no aten op: its whole gap, as before
+        if spans:
+            sp = np.array(spans, dtype=float)
+            sp = sp[np.argsort(sp[:, 0], kind="stable")]
+            k = np.maximum(np.searchsorted(sp[:, 0], at, side="right") - 1, 0)
+            within = (at >= sp[k, 0]) & (at <= sp[k, 1])
+            in_op[within] = at[within] - sp[k[within], 0]
+        return inside, copies, idx, in_op
+
+    inside, copies, idx, in_op = (memo.given("fetching_ops", waiting, fetching_ops) if memo is not None
+                                  else fetching_ops())
     g = tf.remove_activities(g, copies, with_launch=False)
-    # the host work before a call goes only as far as it lies inside the op: what ran before the
-    # op began (tokenising before a batch's blocking `.to()`, say) is the program's own work, not
-    # the fetch's
-    idx = np.flatnonzero(inside)
-    at = g.h_ts[idx] - g.rank_offset_us[g.h_rank[idx]]
-    in_op = np.full(len(idx), np.inf)  # a waiting call in no aten op: its whole gap, as before
-    if spans:
-        sp = np.array(spans, dtype=float)
-        sp = sp[np.argsort(sp[:, 0], kind="stable")]
-        k = np.maximum(np.searchsorted(sp[:, 0], at, side="right") - 1, 0)
-        within = (at >= sp[k, 0]) & (at <= sp[k, 1])
-        in_op[within] = at[within] - sp[k[within], 0]
     gap = g.h_gap.copy()
     gap[idx] = np.where(gap[idx] > 0, gap[idx] - np.minimum(gap[idx], in_op), gap[idx])
     return replace(g, h_gap=gap, h_dur=np.where(inside, 0.0, g.h_dur))

@@ -307,12 +307,13 @@ def cross_fix(category: str, g: Graph, parts: Sequence[RankGraph]) -> Graph:
 
 
 def fix_steps(parts: Sequence[RankGraph], unprofiled_step_ms: float | None, categories: Sequence[str],
-              cost_us: float | None = None) -> dict[str, list[float]]:
+              cost_us: float | None = None, joined: Graph | None = None) -> dict[str, list[float]]:
     """Per cross-rank category, the job's replayed step (the slowest rank's, ms) before and after
     its fix (:func:`cross_fix`) on the joined graph, deflated when ``unprofiled_step_ms`` is known (by
     ``cost_us`` per recorded host event, :func:`job_cost`'s, found here when not given). Plain
-    lists: the analysis files them in its results cache."""
-    g = job(parts, unprofiled_step_ms, cost_us)
+    lists: the analysis files them in its results cache. ``joined``: that graph where it was made
+    already (:func:`joined_job`)."""
+    g = job(parts, unprofiled_step_ms, cost_us) if joined is None else joined
     before = slowest_ms(g)
     return {c: [before, slowest_ms(cross_fix(c, g, parts))] for c in categories}
 
@@ -325,6 +326,18 @@ def job_cost(parts: Sequence[RankGraph], unprofiled_step_ms: float | None) -> fl
     from gpuprof.replay.host import calibrate
 
     return calibrate(join(parts), unprofiled_step_ms) if unprofiled_step_ms else 0.0
+
+
+def joined_job(parts: Sequence[RankGraph], unprofiled_step_ms: float | None) -> tuple[Graph, float]:
+    """:func:`job` with :func:`job_cost`'s cost, and that cost, the ranks joined once for both."""
+    from gpuprof.replay.host import calibrate
+    from gpuprof.replay.transforms import deflate
+
+    g = join(parts)
+    if not unprofiled_step_ms:
+        return g, 0.0
+    cost = calibrate(g, unprofiled_step_ms)
+    return deflate(g, cost), cost
 
 
 def job(parts: Sequence[RankGraph], unprofiled_step_ms: float | None, cost_us: float | None = None) -> Graph:
@@ -340,4 +353,5 @@ def job(parts: Sequence[RankGraph], unprofiled_step_ms: float | None, cost_us: f
 
 
 __all__ = ["COMM_OPS", "MAX_SHIFT", "SYNC_SLACK_US", "RankGraph", "build_job", "comm_in_steps", "comm_rows", "cross_fix",
-           "fix_steps", "host_per_step", "job", "job_cost", "join", "match", "overlap", "rank_graph", "rebalance", "slowest_ms"]
+           "fix_steps", "host_per_step", "job", "job_cost", "join", "joined_job", "match", "overlap", "rank_graph",
+           "rebalance", "slowest_ms"]

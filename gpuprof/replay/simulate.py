@@ -17,6 +17,9 @@ longest-path times are the one fixed point. Three ways to reach it (:func:`simul
   arrival): host and GPU scans alternated over time-ordered windows until nothing moves, a pass
   per crossing from the GPU back to the host (or between streams or ranks against the pass
   order), plus one per window.
+
+The rounds and the passes run in C where ``native/_solve.c`` is compiled, to the numpy loops'
+floats bit for bit (tests/test_replay_solve.py); the numpy loops stay for where it is not.
 """
 
 from __future__ import annotations
@@ -30,10 +33,15 @@ from gpuprof.errors import GpuprofError
 from gpuprof.replay.graph import Graph
 
 _native_in_order: Any
+_native_passes_c: Any
 try:
     from gpuprof.replay.native._solve import in_order as _native_in_order
 except ImportError:  # not compiled (the extension is optional): the same rounds in numpy, slower
     _native_in_order = None
+try:
+    from gpuprof.replay.native._solve import passes as _native_passes_c
+except ImportError:
+    _native_passes_c = None
 
 #: Whether :func:`_in_order` runs its rounds in C (``native/_solve.c``; the same floats as the numpy loop).
 NATIVE = _native_in_order is not None
@@ -238,17 +246,52 @@ def simulate(g: Graph, window: int = WINDOW) -> Times:
     return _by_passes(g, window)
 
 
-def _as_traced(g: Graph, max_passes: int = 4) -> Times | None:
+def _native_passes(st: _State, mode: int, h_ranges: list[tuple[int, int]], a_ranges: list[tuple[int, int]],
+                   max_passes: int) -> int:
+    """Passes over the stretches ``h_ranges``/``a_ranges`` in C (``native/_solve.c``), ``st``'s
+    times written in place: the same scans in the same order as :meth:`_State.host` and
+    :meth:`_State.gpu`, the same floats, without a dozen numpy calls per stretch and pass. ``mode``
+    0 (:func:`_as_traced`): given up at the first time that moves (0; ``st``'s times are then left
+    half written, to be discarded), else ended at the first pass that changes not a bit (the passes
+    made); 1 (:func:`_by_passes`): until a pass moves nothing (the passes made; negated where none
+    did within ``max_passes``)."""
+    g = st.g
+    f64, i64 = np.float64, np.int64
+
+    def c(x: np.ndarray, dtype: Any) -> np.ndarray:
+        return np.ascontiguousarray(x, dtype=dtype)
+
+    def pairs(r: list[tuple[int, int]]) -> np.ndarray:
+        return np.array(r, dtype=i64).reshape(-1, 2)
+
+    st.hs, st.he, st.as_, st.ae = (c(x, f64) for x in (st.hs, st.he, st.as_, st.ae))  # written in place
+    if st.n_coll:
+        members, bounds, ids = c(st.coll_members, i64), c(st.coll_bounds, i64), c(st.coll_ids, i64)
+    else:
+        members = bounds = ids = np.zeros(0, dtype=i64)
+    return int(_native_passes_c(
+        mode, st.hs, st.he, st.as_, st.ae, pairs(h_ranges), pairs(a_ranges), c(g.h_gap, f64), c(g.h_dur, f64),
+        c(g.h_ts, f64), c(g.h_first, np.bool_).view(np.uint8), c(g.h_bp, i64), c(g.h_bpw, f64), c(g.h_wait, i64),
+        c(g.h_tail, f64), c(g.a_sgap, f64), c(g.a_dur, f64), c(g.a_ts, f64), c(g.a_first, np.bool_).view(np.uint8),
+        c(g.a_launch, i64), c(g.a_lat, f64), c(g.a_dep, i64), c(g.a_depw, f64), c(g.a_coll, i64), members, bounds,
+        ids, st.n_coll, SETTLED_US, max_passes))
+
+
+def _as_traced(g: Graph, max_passes: int = 4, native: bool = NATIVE) -> Times | None:
     """The times when whole-graph passes from the traced times move nothing by more than
     ``SETTLED_US`` (the unchanged graph, or a change that moves nothing), else ``None``: a pass is
     a few scans, far cheaper than solving the graph in order (a round per sync). Passed over until
     not a bit changes (at most ``max_passes``), the floats are those :func:`_in_order` computes
     (the one fixed point of the whole-chain scans); after that, rounding still moving along the
-    chains is left where it settled, as the windowed passes do."""
+    chains is left where it settled, as the windowed passes do. ``native``: the passes in C
+    (:func:`_native_passes`), the same floats."""
     st = _State(g)
     hb, ab = _segments(g.h_first), _segments(g.a_first)
     full_h = [(int(lo), int(hi)) for lo, hi in zip(hb[:-1], hb[1:])]
     full_a = [(int(lo), int(hi)) for lo, hi in zip(ab[:-1], ab[1:])]
+    if native and _native_passes_c is not None and max_passes >= 1:
+        made = _native_passes(st, 0, full_h, full_a, max_passes)
+        return Times(st.hs, st.he, st.as_, st.ae, made) if made else None
     for passes in range(1, max_passes + 1):
         before = (st.hs.copy(), st.he.copy(), st.as_.copy(), st.ae.copy())
         if st.host(full_h) or st.gpu(full_a):  # a host that moved needs no GPU pass to say so
@@ -258,21 +301,26 @@ def _as_traced(g: Graph, max_passes: int = 4) -> Times | None:
     return Times(st.hs, st.he, st.as_, st.ae, passes)
 
 
-def _by_passes(g: Graph, window: int = WINDOW) -> Times:
+def _by_passes(g: Graph, window: int = WINDOW, native: bool = NATIVE) -> Times:
     """Longest-path times of every node of ``g``, by passes until nothing moves.
 
     Swept in windows of about ``window`` items in time order: each window is passed over until
     it settles, with the earlier windows final, so a GPU→host crossing costs a pass over one
     window, not over the whole trace. A last loop of whole-graph passes confirms the fixed point
-    (edges that run backwards in the window order, e.g. between overlapping host threads)."""
+    (edges that run backwards in the window order, e.g. between overlapping host threads).
+    ``native``: each window's passes in C (:func:`_native_passes`), the same floats."""
     st = _State(g)
     hb, ab = _segments(g.h_first), _segments(g.a_first)
     hk, ak = _window_keys(g, hb, ab)
     keys = np.sort(np.r_[hk, ak])
     edges = np.r_[keys[::max(window, 1)], np.inf] if len(keys) else np.array([np.inf])
     passes = 0
+    native = native and _native_passes_c is not None
     for t0, t1 in zip(edges[:-1], edges[1:]):
         hr, ar = _ranges(hk, hb, float(t0), float(t1)), _ranges(ak, ab, float(t0), float(t1))
+        if native:
+            passes += abs(_native_passes(st, 1, hr, ar, MAX_PASSES))
+            continue
         for _ in range(MAX_PASSES):
             passes += 1
             moved = st.host(hr)
@@ -281,6 +329,11 @@ def _by_passes(g: Graph, window: int = WINDOW) -> Times:
                 break
     full_h = [(int(lo), int(hi)) for lo, hi in zip(hb[:-1], hb[1:])]
     full_a = [(int(lo), int(hi)) for lo, hi in zip(ab[:-1], ab[1:])]
+    if native:
+        made = _native_passes(st, 1, full_h, full_a, MAX_PASSES)
+        if made > 0:
+            return Times(st.hs, st.he, st.as_, st.ae, passes + made)
+        raise GpuprofError(f"replay did not settle after {MAX_PASSES} passes (a cycle in the dependency graph?)")
     for _ in range(MAX_PASSES):
         passes += 1
         moved = st.host(full_h)

@@ -87,7 +87,7 @@ def typical_latency(g: Graph) -> np.ndarray:
     start, over the rank's launched activities), the weight an unobstructed launch gets."""
     out = np.zeros(g.n_acts)
     launched = g.a_launch >= 0
-    for r in np.unique(g.a_rank):  # ranks are few
+    for r in range(len(g.ranks)):  # ranks are few (one without activities sets nothing)
         m = g.a_rank == r
         lat = g.a_lat[m & launched]
         out[m] = float(np.median(lat)) if len(lat) else 0.0
