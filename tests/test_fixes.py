@@ -3,6 +3,7 @@ on real H200 sample traces."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import gpuprof
@@ -176,3 +177,34 @@ def test_two_fixes_projection_bare() -> None:
     a = gpuprof.analyze(SAMPLES / "two_sync_forloop.json.gz", cache=False)
     got = a.what_if(_ids(a, "host_sync", "optimizer_fusion"))["step_time_ms"]
     assert got == pytest.approx(step_ms("two_gpunorm_fused"), rel=0.15)
+
+
+@pytest.mark.parametrize("trace", ["resnet50_bf16_nchw.json.gz", "frameworks/run_lightning_resnet/traces/rank0.json.gz"])
+def test_a_layout_transform_takes_only_its_ops_own_host_work(trace: str) -> None:
+    """cuDNN's NCHW<->NHWC transposes go in channels-last, the convolution that launched them does
+    not: the host work before a transpose that is its op's first call (the module's Python, the
+    dispatch, cuDNN's setup) stays before the convolution's next call; only the launch itself and
+    the work between two calls of one op go (real traces: timm ResNet-50 and Lightning ResNet-18)."""
+    from gpuprof.analyzers import memory_format
+    from gpuprof.rank import RankView, result_of
+    from gpuprof.replay.transforms import activities_of
+    from gpuprof.specs import resolve
+
+    t = load_trace_cached(SAMPLES / trace, 0, cache=False)
+    spec = resolve(t.meta.device_properties)
+    v = RankView(result_of(t, spec), spec)
+    (cand,) = [c for c in memory_format.run(v) if c.category == "memory_format"]
+    rows = [int(u[2]) for u, saved in cand.units.items() if u[0] == "k"
+            and saved >= float(t.kernels.loc[int(u[2]), "dur"])]
+    g = build([t])
+    gone = activities_of(g, v.rank, "kernel", rows)
+    calls, with_gap = fixes._gone_launches(g, v, gone)
+    kept = calls & ~with_gap
+    assert calls.sum() == len(rows) and 0 < kept.sum() < calls.sum()
+    ext = t.runtime["external_id"].to_numpy()[g.h_row]
+    k = np.flatnonzero(kept)
+    assert (ext[k - 1] != ext[k]).all()  # each keeps the gap before its op's first call ...
+    went = np.flatnonzero(with_gap)
+    assert (ext[went - 1] == ext[went]).mean() > 0.9  # ... and the others sit between two calls of one op
+    # the work before the ops is most of the host time before the transposes' launches
+    assert g.h_gap[kept].sum() > g.h_gap[with_gap].sum() > 0

@@ -6,7 +6,9 @@ those units into :mod:`gpuprof.replay.transforms`; :mod:`gpuprof.pricing` replay
 and without each fix and decides what each finding's estimate is.
 
 * kernel units ``("k", rank, row)``: that kernel runs ``(dur − saved) / dur`` as long; one the fix
-  does away with (``saved >= dur``: a layout transpose) goes with its launch. ``precision`` also
+  does away with (``saved >= dur``: a layout transpose) goes with its launch, and with the host
+  work before the launch only where that was its op's own: an op that still runs (the
+  convolution around cuDNN's transposes) keeps the work before its first call (:func:`_gone_launches`). ``precision`` also
   adds the host work autocast brings (:func:`_autocast_casts`: a weight cast per forward
   convolution/linear call, and its backward in training; with torch.compile's fix applied too,
   one kernel launch each instead). For a fusion
@@ -274,9 +276,12 @@ def apply(g: Graph, v: RankView, category: str, units: dict[tuple[Any, ...], flo
             g = _fuse_runs(g, sel, g.a_dur * fac_a if fac_a is not None else g.a_dur, m_.fix("memsets", memsets))
         else:
             g = tf.set_durations(g, sel, g.a_dur[sel] * fac[g.a_row[sel]])
-            # a kernel the fix does away with (a layout transpose) goes with its launch
+            # a kernel the fix does away with (a layout transpose) goes with its launch; the host
+            # work before that launch goes only where it was the launching op's own (_gone_launches)
             gone = m_.fix("gone", lambda: sel & (fac[np.minimum(g.a_row, len(fac) - 1)] <= 0.0))
-            g = tf.remove_activities(g, gone)
+            calls, with_gap = m_.fix("gone_launches", lambda: _gone_launches(g, v, gone))
+            g = tf.remove_activities(g, gone, with_launch=False)
+            g = replace(g, h_dur=np.where(calls, 0.0, g.h_dur), h_gap=np.where(with_gap & (g.h_gap > 0), 0.0, g.h_gap))
     if category == "precision" and len(k_rows):
         g = _autocast_casts(g, v, k_rows, m_, compiled)
     m_rows, saved_m = parsed.get("m", _NONE)
@@ -306,6 +311,35 @@ def apply(g: Graph, v: RankView, category: str, units: dict[tuple[Any, ...], flo
     if tails:
         g = _tail_fix(g, v, tails)
     return g
+
+
+def _gone_launches(g: Graph, v: RankView, gone: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The host calls that launched the activities ``gone`` (a fix does away with them), and which
+    of them take the host gap before them along. A call costs nothing once its kernel goes; the gap
+    before it goes too, except where the call is its op's first (the previous host call belongs to
+    no call of that op) and the op still runs, making other calls (a cuDNN convolution whose
+    NCHW<->NHWC transposes go in channels-last still runs its convolution): that gap is the Python,
+    dispatch and setup before the op, which stay in front of its next call. Between two calls of
+    one op the gap is the op's own work around the launch that goes. A call in no op (external id
+    < 0) takes its gap along, as every removed launch did before."""
+    calls = tf.launches_of(g, gone)
+    with_gap = calls.copy()
+    idx = np.flatnonzero(calls)
+    rt = v.trace.runtime
+    if not len(idx) or "external_id" not in rt.columns or not len(rt):
+        return calls, with_gap
+    mine = g.h_rank == g.ranks.index(v.rank)
+    ext_all = np.full(g.n_host, -1, dtype=np.int64)
+    rows = g.h_row[mine]
+    ok = (rows >= 0) & (rows < len(rt))
+    ext_all[np.flatnonzero(mine)[ok]] = rt["external_id"].to_numpy()[rows[ok]]
+    ext = ext_all[idx]
+    # ops that still run: some call of theirs is not one that goes
+    stays = np.isin(ext, np.unique(ext_all[mine & ~calls]))
+    prev = np.maximum(idx - 1, 0)
+    first = (idx == 0) | (g.h_rank[prev] != g.h_rank[idx]) | (ext_all[prev] != ext)
+    with_gap[idx[(ext >= 0) & stays & first]] = False
+    return calls, with_gap
 
 
 #: The user-facing forward ops (the outermost aten op of a kernel's chain) that take a weight
