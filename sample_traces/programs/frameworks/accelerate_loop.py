@@ -6,6 +6,7 @@ mixed_precision="bf16")``, ``prepare`` of a small Transformer encoder, AdamW and
 step (two micro-batches), here and in gpuprof.
 
     python accelerate_loop.py [--timing-out own.json]
+    python accelerate_loop.py --pin-memory      # pinned batches copied with non_blocking (#24 pair)
     python accelerate_loop.py --device cpu --tiny
 """
 
@@ -38,21 +39,26 @@ class Sequences(torch.utils.data.Dataset):  # type: ignore[type-arg]
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_args(p)
+    p.add_argument("--pin-memory", action="store_true",
+                   help="the DataLoader pins its batches and Accelerate copies them with non_blocking=True "
+                        "(the pageable_memcpy fix; on the GPU only)")
     args = resolve(p.parse_args())
     from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration
 
     d, seq, batch, layers = (32, 16, 4, 2) if args.tiny else (512, 256, 32, 6)
+    pin = args.pin_memory and args.device == "cuda"
     acc = Accelerator(gradient_accumulation_steps=ACCUMULATE, mixed_precision="bf16" if args.device == "cuda" else "no",
-                      cpu=args.device == "cpu")
+                      cpu=args.device == "cpu", dataloader_config=DataLoaderConfiguration(non_blocking=pin))
     enc = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(d, 8 if d >= 64 else 4, 4 * d,
                                                                        batch_first=True), layers)
     model = torch.nn.Sequential(enc, torch.nn.Flatten(1), torch.nn.Linear(seq * d, 10))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     loader = torch.utils.data.DataLoader(Sequences(batch * ACCUMULATE * (args.steps + 10), seq, d), batch_size=batch,
-                                         num_workers=2, shuffle=True, drop_last=True)
+                                         num_workers=2, shuffle=True, drop_last=True, pin_memory=pin)
     model, opt, loader = acc.prepare(model, opt, loader)
     clock = OwnClock("accelerate_loop", args, model=f"TransformerEncoder {layers}x d={d}", batch=batch, seq=seq,
-                     accumulate=ACCUMULATE, optimizer_class=type(opt).__name__)
+                     accumulate=ACCUMULATE, optimizer_class=type(opt).__name__, pin_memory=pin)
     steps = 0
     model.train()
     for x, y in loader:

@@ -4,6 +4,7 @@ that does some CPU work per item (decode-like: make, crop, flip and normalise a 
 ``Trainer(max_steps=...)``. Lightning runs forward and backward inside ``optimizer.step(closure)``.
 
     python lightning_resnet.py [--timing-out own.json]            # on the GPU
+    python lightning_resnet.py --channels-last                    # the fix gpuprof names first (#24 pair)
     python lightning_resnet.py --device cpu --tiny                # dry run
 
 Without timm (or its torchvision) a small stand-in CNN is used and the clock line says so.
@@ -67,13 +68,18 @@ def main() -> None:
     add_args(p)
     p.add_argument("--batch", type=int, default=None, help="default 64 (--tiny 8)")
     p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--channels-last", action="store_true",
+                   help="the model's weights and each batch in channels_last (the memory_format fix)")
     args = resolve(p.parse_args())
     import lightning as L
 
     batch = args.batch or (8 if args.tiny else 64)
     size = 32 if args.tiny else 224
     net, what = model()
-    clock = OwnClock("lightning_resnet", args, model=what, batch=batch, image=size, workers=args.workers)
+    if args.channels_last:
+        net = net.to(memory_format=torch.channels_last)
+    clock = OwnClock("lightning_resnet", args, model=what, batch=batch, image=size, workers=args.workers,
+                     channels_last=args.channels_last)
 
     class Module(L.LightningModule):
         def __init__(self) -> None:
@@ -82,6 +88,8 @@ def main() -> None:
 
         def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], idx: int) -> torch.Tensor:
             x, y = batch
+            if args.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
             return torch.nn.functional.cross_entropy(self.net(x), y)
 
         def configure_optimizers(self) -> torch.optim.Optimizer:

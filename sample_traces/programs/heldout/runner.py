@@ -192,7 +192,9 @@ class Runner:
         self.mode = a.mode
         self.wall: dict[str, float] = {}  # the last measured wall time of each program's process
         self.runs: list[dict[str, Any]] = []
-        self.programs = {k: v for k, v in doc["programs"].items() if not a.only or k in a.only.split(",")}
+        # programs another script records (the framework pairs: their own clock's arguments) are not this runner's
+        self.programs = {k: v for k, v in doc["programs"].items()
+                         if "recorded_by" not in v and (not a.only or k in a.only.split(","))}
 
     def left(self) -> float:
         return self.end - time.time()
