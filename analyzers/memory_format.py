@@ -19,8 +19,9 @@ would be at the roofline, an upper bound) but not claimed.
 
 The fix is a replay transformation (gpuprof.replay.fixes; its replayed saving is the estimate, with
 the host floor and bounds every replayed fix gets): the transforms and conversion copies go with
-their launches and the host work before each, and the NCHW kernels run at their channels-last
-time. On a host-bound CNN (ConvNeXt-T, GPU busy 26 of 34 ms) the GPU saving is hidden and the
+their launches and the host work before each that was their op's own (a convolution around
+cuDNN's transposes still runs: the work before its first call, and the idle gap that work leaves,
+stay), and the NCHW kernels run at their channels-last time. On a host-bound CNN (ConvNeXt-T, GPU busy 26 of 34 ms) the GPU saving is hidden and the
 launches that go are what shortens the step; on a GPU-bound one (ResNet-50 NCHW) the GPU saving
 is, up to the host's floor.
 """
@@ -196,6 +197,27 @@ def nchw_savings(v: RankView, ratios: Ratios | None = None, vendor: str = "nvidi
     return rows, np.r_[xf["dur"].to_numpy(), saved_slow], max(at_roof, 0.0), how
 
 
+def _leads(v: RankView, gone: pd.DataFrame) -> np.ndarray:
+    """Rows of ``gone`` that are their op's first kernel (by launch) while the op launches a kernel
+    that stays: the work before them is the op's dispatch, which the fix leaves in place."""
+    k = v.trace.kernels
+    if not len(gone) or not len(k) or "op" not in k.columns:
+        return np.zeros(0, dtype=np.int64)
+    op = k["op"].to_numpy()
+    rows = gone.index.to_numpy(dtype=np.int64)
+    g_op = op[rows]
+    has = op >= 0
+    n_all = np.bincount(op[has], minlength=int(op.max()) + 1 if has.any() else 0)
+    n_gone = np.bincount(g_op[g_op >= 0], minlength=len(n_all))
+    first = pd.Series(k["launch_ts"].to_numpy(dtype=float)[has]).groupby(op[has]).min()
+    lt = k["launch_ts"].to_numpy(dtype=float)[rows]
+    ok = g_op >= 0
+    lead = np.zeros(len(rows), dtype=bool)
+    lead[ok] = (n_all[g_op[ok]] > n_gone[g_op[ok]]) & (lt[ok] <= first.reindex(g_op[ok]).to_numpy())
+    out: np.ndarray = rows[lead]
+    return out
+
+
 def run(v: RankView) -> list[Candidate]:
     out: list[Candidate] = []
     xf, slow, _ = nchw_parts(v)
@@ -208,10 +230,12 @@ def run(v: RankView) -> list[Candidate]:
     saved = np.r_[saved, conv["dur"].to_numpy(dtype=float)]
     n = v.n_steps
     gone = pd.concat([xf, conv])
-    # the fix's units: the kernels that go (their launches and the host work before each go
-    # with them in the replay), the NCHW kernels at their channels-last time, and the launch
-    # gaps before the kernels that go; the replay of those (gpuprof.replay.fixes) is the estimate
-    units = {**v.kernel_units(rows.index, saved), **v.inner_gap_units(gone.index)}
+    # the fix's units: the kernels that go (their launches, and the host work before each that was
+    # their op's own, go with them in the replay), the NCHW kernels at their channels-last time,
+    # and the launch gaps before the kernels that go, less those before an op's first kernel where
+    # the op keeps a kernel (the convolution's dispatch stays, and the gap with it); the replay of
+    # those (gpuprof.replay.fixes) is the estimate
+    units = {**v.kernel_units(rows.index, saved), **v.inner_gap_units(gone.index, exclude_first=_leads(v, gone))}
     g_k = float(np.sum(saved)) / n
     if not units:
         return out

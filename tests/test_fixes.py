@@ -208,3 +208,12 @@ def test_a_layout_transform_takes_only_its_ops_own_host_work(trace: str) -> None
     assert (ext[went - 1] == ext[went]).mean() > 0.9  # ... and the others sit between two calls of one op
     # the work before the ops is most of the host time before the transposes' launches
     assert g.h_gap[kept].sum() > g.h_gap[with_gap].sum() > 0
+    # and the analyzer leaves the idle gap before such a transpose unclaimed: its op's dispatch stays
+    gone_k = t.kernels.loc[rows]
+    leads = memory_format._leads(v, gone_k)
+    assert 0 < len(leads) < len(rows)
+    op = t.kernels["op"].to_numpy()
+    for r in leads[:20]:
+        mine = np.flatnonzero(op == op[r])
+        assert not np.isin(mine, rows).all()  # the op keeps a kernel (its convolution)
+        assert t.kernels["launch_ts"].to_numpy()[r] == t.kernels["launch_ts"].to_numpy()[mine].min()

@@ -316,28 +316,33 @@ def apply(g: Graph, v: RankView, category: str, units: dict[tuple[Any, ...], flo
 def _gone_launches(g: Graph, v: RankView, gone: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The host calls that launched the activities ``gone`` (a fix does away with them), and which
     of them take the host gap before them along. A call costs nothing once its kernel goes; the gap
-    before it goes too, except where the call is its op's first (the previous host call belongs to
-    no call of that op) and the op still runs, making other calls (a cuDNN convolution whose
-    NCHW<->NHWC transposes go in channels-last still runs its convolution): that gap is the Python,
-    dispatch and setup before the op, which stay in front of its next call. Between two calls of
-    one op the gap is the op's own work around the launch that goes. A call in no op (external id
-    < 0) takes its gap along, as every removed launch did before."""
+    before it goes too, except where the call is its op's first runtime call (the earliest of its
+    external id on the rank) and the op still runs, launching work that stays (a cuDNN
+    convolution whose NCHW<->NHWC transposes go in channels-last still runs its convolution): that
+    gap is the Python, dispatch and setup before the op, which stay in front of its next call. A
+    later call's gap is the op's own work around the launch that goes. A call in no op (external
+    id < 0) takes its gap along, as every removed launch did before."""
     calls = tf.launches_of(g, gone)
     with_gap = calls.copy()
     idx = np.flatnonzero(calls)
     rt = v.trace.runtime
     if not len(idx) or "external_id" not in rt.columns or not len(rt):
         return calls, with_gap
-    mine = g.h_rank == g.ranks.index(v.rank)
+    mine = np.flatnonzero(g.h_rank == g.ranks.index(v.rank))  # sorted by start (Graph)
     ext_all = np.full(g.n_host, -1, dtype=np.int64)
     rows = g.h_row[mine]
     ok = (rows >= 0) & (rows < len(rt))
-    ext_all[np.flatnonzero(mine)[ok]] = rt["external_id"].to_numpy()[rows[ok]]
+    ext_all[mine[ok]] = rt["external_id"].to_numpy()[rows[ok]]
     ext = ext_all[idx]
-    # ops that still run: some call of theirs is not one that goes
-    stays = np.isin(ext, np.unique(ext_all[mine & ~calls]))
-    prev = np.maximum(idx - 1, 0)
-    first = (idx == 0) | (g.h_rank[prev] != g.h_rank[idx]) | (ext_all[prev] != ext)
+    # ops that still run: they launch work that stays
+    launching = np.zeros(g.n_host, dtype=bool)
+    launching[g.a_launch[g.a_launch >= 0]] = True
+    kept = mine[launching[mine] & ~calls[mine]]
+    stays = np.isin(ext, np.unique(ext_all[kept]))
+    # each op's first runtime call on the rank
+    with_id = mine[ext_all[mine] >= 0]
+    _, at = np.unique(ext_all[with_id], return_index=True)
+    first = np.isin(idx, with_id[at])
     with_gap[idx[(ext >= 0) & stays & first]] = False
     return calls, with_gap
 
