@@ -225,10 +225,8 @@ def table(rows: list[dict[str, Any]]) -> str:
 def compile_sources() -> None:
     """Bytecode for this tree's modules, as ``pip install`` writes it for an installed package: the
     timed reports run from the source tree, and where ``PYTHONDONTWRITEBYTECODE`` is set (this VM
-    sets it) every fresh process would otherwise compile gpuprof's ~100 modules again (about 0.1 s of
-    each cold report's CPU, 2026-12-04: a 0.3 MB sample's cold JSON report 1.19-1.33 s of CPU
-    without bytecode, 1.07-1.20 s with it; no user's install pays it, and HTA's environment has
-    its bytecode)."""
+    sets it) every fresh process would otherwise compile gpuprof's ~100 modules again, which no
+    user's install pays and HTA's environment does not (docs/performance.md, 2026-12-04)."""
     import compileall
 
     for d in ("gpuprof", "analyzers", "reports"):

@@ -221,7 +221,7 @@ def time_in_ops(t: RankTrace, s: np.ndarray, e: np.ndarray, spans: Spans | None 
     s, e = np.asarray(s, dtype=float), np.asarray(e, dtype=float)
     if not len(t.ops) or not len(s):
         return np.zeros(len(s))
-    us, ue, _, _ = _union(*(spans or driving_spans(t))[:2])
+    us, ue, _, _ = _union(*(driving_spans(t) if spans is None else spans)[:2])
     if not len(us):
         return np.zeros(len(s))
     cum = np.r_[0.0, np.cumsum(ue - us)]
@@ -256,7 +256,7 @@ def host_outside_ops(t: RankTrace, g: pd.DataFrame, spans: Spans | None = None) 
     if not n or not len(t.ops):
         return pd.DataFrame(out, index=g.index)
     gs, ge = g["start"].to_numpy(dtype=float), g["end"].to_numpy(dtype=float)
-    starts, ends, rows = spans or driving_spans(t)
+    starts, ends, rows = driving_spans(t) if spans is None else spans
     us, ue, first, ender = _union(starts, ends)
     hs, he = np.r_[-np.inf, ue], np.r_[us, np.inf]
     h_prev = np.r_[-1, rows[ender]] if len(us) else np.array([-1])
