@@ -44,3 +44,26 @@ for r in $(seq "$FIRST" "$LAST"); do
   fi
   [ "$SECONDS" -gt "$BUDGET" ] && { echo "budget: stopping after round $r"; break; }
 done
+# OUTDIR/timings/fw4_NAME.json (the held-out timing: the mean of every plain process's own clock,
+# its standard error over processes) and OUTDIR/fw4_NAME.json.gz (the recorded run's trace), as
+# sample_traces/h200/heldout/ keeps them; the own clocks themselves are kept in heldout/fw4_clocks/
+$PY - "$R" <<'PY'
+import glob, json, os, shutil, statistics, sys
+R = sys.argv[1]
+os.makedirs(f"{R}/timings", exist_ok=True)
+for n in ("lightning_nchw", "lightning_cl", "accelerate_pageable", "accelerate_pinned"):
+    runs = [json.load(open(f))["step_ms"] for f in sorted(glob.glob(f"{R}/own_{n}_plain_r*.json"))]
+    if not runs:
+        continue
+    doc = {"step_ms": statistics.mean(runs), "step_ms_runs": runs, "processes": len(runs),
+           "step_ms_sem": statistics.stdev(runs) / len(runs) ** 0.5 if len(runs) > 1 else 0.0,
+           "clock": "the program's own CUDA-event clock over its steps 60-260, each a separate plain process",
+           "recorded_by": "sample_traces/programs/frameworks/record_pairs.sh"}
+    if os.path.isfile(f"{R}/run_{n}/manifest.json"):
+        m = json.load(open(f"{R}/run_{n}/manifest.json"))
+        doc["recorded_run"] = {"unprofiled_step_ms": m.get("unprofiled_step_ms"),
+                               "converged": m["ranks"][0]["unprofiled_timing"].get("converged")}
+        shutil.copy(f"{R}/run_{n}/traces/rank0.json.gz", f"{R}/fw4_{n}.json.gz")
+    json.dump(doc, open(f"{R}/timings/fw4_{n}.json", "w"), indent=1)
+    print(f"fw4_{n}: {doc['step_ms']:.2f} ms +- {doc['step_ms_sem']:.2f} over {len(runs)} processes")
+PY
