@@ -73,7 +73,7 @@ def collective_table(r: RankResult) -> pd.DataFrame:
     compute = k.loc[~is_comm, ["ts", "end"]]
     exposed = comm["dur"].to_numpy() - _covered(compute, comm["ts"].to_numpy(), comm["end"].to_numpy())
     # How long before the collective ended was the next non-collective GPU work launched?
-    work = pd.concat([k.loc[~k["is_comm"], ["ts", "launch_ts"]], t.memcpys[["ts", "launch_ts"]]]).sort_values("ts")
+    work = pd.concat([k.loc[~is_comm, ["ts", "launch_ts"]], t.memcpys[["ts", "launch_ts"]]]).sort_values("ts")
     j = np.searchsorted(work["ts"].to_numpy(), comm["end"].to_numpy())
     nxt = np.where(j < len(work), work["launch_ts"].to_numpy()[np.minimum(j, len(work) - 1)], np.nan)
     queued_for = np.nan_to_num(comm["end"].to_numpy() - nxt, nan=np.inf)  # no launch record: queued earlier

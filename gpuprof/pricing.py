@@ -317,11 +317,11 @@ def what_if_job(plans: Sequence[Plan | None], traces: Sequence[RankTrace], parts
                            f"process ({JOB_REPLAY_MAX_EVENTS:,})")
     ids = list(ids)
     # the graphs the findings were priced on (as traced), joined: no rank's graph built twice
-    rank_graphs = (list(graphs) if graphs is not None and len(graphs) == len(traces)
-                   else [rank_graph(t, p.raw if p is not None else None) for t, p in zip(traces, plans)])
     ready = graphs is not None and len(graphs) == len(traces)
+    rank_graphs = (list(graphs) if graphs is not None and ready
+                   else [rank_graph(t, p.raw if p is not None else None) for t, p in zip(traces, plans)])
     g = joined if ready and joined is not None else job(rank_graphs, parts[0].unprofiled_step_ms, cost_us)
-    before = slowest_ms(g) if before_ms is None or graphs is None else before_ms
+    before = slowest_ms(g) if before_ms is None or not ready else before_ms
     by_id = {f.id: f for f in findings}
     applied: set[str] = set()
     after = g

@@ -187,7 +187,7 @@ def test_a_layout_transform_takes_only_its_ops_own_host_work(trace: str) -> None
     the work between two calls of one op go (real traces: timm ResNet-50 and Lightning ResNet-18)."""
     from gpuprof.analyzers import memory_format
     from gpuprof.rank import RankView, result_of
-    from gpuprof.replay.transforms import activities_of
+    from gpuprof.replay.transforms import activities_of, launches_of
     from gpuprof.specs import resolve
 
     t = load_trace_cached(SAMPLES / trace, 0, cache=False)
@@ -198,8 +198,10 @@ def test_a_layout_transform_takes_only_its_ops_own_host_work(trace: str) -> None
             and saved >= float(t.kernels.loc[int(u[2]), "dur"])]
     g = build([t])
     gone = activities_of(g, v.rank, "kernel", rows)
-    calls, with_gap = fixes._gone_launches(g, v, gone)
-    kept = calls & ~with_gap
+    calls = launches_of(g, gone)
+    kept = fixes._kept_gaps(g, v, gone)
+    with_gap = calls & ~kept
+    assert not (kept & ~calls).any()
     assert calls.sum() == len(rows) and 0 < kept.sum() < calls.sum()
     ext = t.runtime["external_id"].to_numpy()[g.h_row]
     k = np.flatnonzero(kept)

@@ -93,7 +93,7 @@ def test_native_rounds_say_when_no_chain_can_go_on() -> None:
 @needs_native
 @pytest.mark.parametrize("name", ["gpt_host_sync", "gpt_bf16", "tiny_eager", "vision_pageable", "two_sync_forloop"])
 def test_native_traced_passes_give_the_numpy_floats(name: str) -> None:
-    """The traced-times passes in C (``_solve.as_traced``) give up where the numpy passes do (a
+    """The traced-times passes in C (``_solve.passes``, mode 0) give up where the numpy passes do (a
     changed graph) and give their floats and pass count bit for bit where they settle (the
     unchanged graph)."""
     path = next(p for p in (SAMPLES / f"{name}.json.gz", SAMPLES / f"{name}.json") if p.exists())

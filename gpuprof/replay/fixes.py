@@ -8,7 +8,7 @@ and without each fix and decides what each finding's estimate is.
 * kernel units ``("k", rank, row)``: that kernel runs ``(dur − saved) / dur`` as long; one the fix
   does away with (``saved >= dur``: a layout transpose) goes with its launch, and with the host
   work before the launch only where that was its op's own: an op that still runs (the
-  convolution around cuDNN's transposes) keeps the work before its first call (:func:`_gone_launches`). ``precision`` also
+  convolution around cuDNN's transposes) keeps the work before its first call (:func:`_kept_gaps`). ``precision`` also
   adds the host work autocast brings (:func:`_autocast_casts`: a weight cast per forward
   convolution/linear call, and its backward in training; with torch.compile's fix applied too,
   one kernel launch each instead). For a fusion
@@ -277,11 +277,10 @@ def apply(g: Graph, v: RankView, category: str, units: dict[tuple[Any, ...], flo
         else:
             g = tf.set_durations(g, sel, g.a_dur[sel] * fac[g.a_row[sel]])
             # a kernel the fix does away with (a layout transpose) goes with its launch; the host
-            # work before that launch goes only where it was the launching op's own (_gone_launches)
+            # work before that launch goes only where it was the launching op's own (_kept_gaps)
             gone = m_.fix("gone", lambda: sel & (fac[np.minimum(g.a_row, len(fac) - 1)] <= 0.0))
-            calls, with_gap = m_.fix("gone_launches", lambda: _gone_launches(g, v, gone))
-            g = tf.remove_activities(g, gone, with_launch=False)
-            g = replace(g, h_dur=np.where(calls, 0.0, g.h_dur), h_gap=np.where(with_gap & (g.h_gap > 0), 0.0, g.h_gap))
+            kept_gap = m_.fix("kept_gaps", lambda: _kept_gaps(g, v, gone))
+            g = tf.remove_activities(g, gone, keep_gap=kept_gap)
     if category == "precision" and len(k_rows):
         g = _autocast_casts(g, v, k_rows, m_, compiled)
     m_rows, saved_m = parsed.get("m", _NONE)
@@ -313,21 +312,21 @@ def apply(g: Graph, v: RankView, category: str, units: dict[tuple[Any, ...], flo
     return g
 
 
-def _gone_launches(g: Graph, v: RankView, gone: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The host calls that launched the activities ``gone`` (a fix does away with them), and which
-    of them take the host gap before them along. A call costs nothing once its kernel goes; the gap
-    before it goes too, except where the call is its op's first runtime call (the earliest of its
+def _kept_gaps(g: Graph, v: RankView, gone: np.ndarray) -> np.ndarray:
+    """Of the host calls that launched the activities ``gone`` (a fix does away with them), those
+    whose gap before them stays: each call costs nothing once its kernel goes, and the gap before
+    it goes too, except where the call is its op's first runtime call (the earliest of its
     external id on the rank) and the op still runs, launching work that stays (a cuDNN
     convolution whose NCHW<->NHWC transposes go in channels-last still runs its convolution): that
     gap is the Python, dispatch and setup before the op, which stay in front of its next call. A
     later call's gap is the op's own work around the launch that goes. A call in no op (external
     id < 0) takes its gap along, as every removed launch did before."""
     calls = tf.launches_of(g, gone)
-    with_gap = calls.copy()
+    keep = np.zeros(g.n_host, dtype=bool)
     idx = np.flatnonzero(calls)
     rt = v.trace.runtime
     if not len(idx) or "external_id" not in rt.columns or not len(rt):
-        return calls, with_gap
+        return keep
     mine = np.flatnonzero(g.h_rank == g.ranks.index(v.rank))  # sorted by start (Graph)
     ext_all = np.full(g.n_host, -1, dtype=np.int64)
     rows = g.h_row[mine]
@@ -343,8 +342,8 @@ def _gone_launches(g: Graph, v: RankView, gone: np.ndarray) -> tuple[np.ndarray,
     with_id = mine[ext_all[mine] >= 0]
     _, at = np.unique(ext_all[with_id], return_index=True)
     first = np.isin(idx, with_id[at])
-    with_gap[idx[(ext >= 0) & stays & first]] = False
-    return calls, with_gap
+    keep[idx[(ext >= 0) & stays & first]] = True
+    return keep
 
 
 #: The user-facing forward ops (the outermost aten op of a kernel's chain) that take a weight

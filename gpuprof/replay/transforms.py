@@ -40,15 +40,19 @@ def set_durations(g: Graph, sel: np.ndarray, dur_us: float | np.ndarray) -> Grap
     return replace(g, a_dur=np.maximum(d, 0.0))
 
 
-def remove_activities(g: Graph, sel: np.ndarray, with_launch: bool = True) -> Graph:
+def remove_activities(g: Graph, sel: np.ndarray, with_launch: bool = True,
+                      keep_gap: np.ndarray | None = None) -> Graph:
     """Selected kernels/copies vanish: no time on the GPU, no gap on their stream and, with
-    ``with_launch``, no host time for the calls that launched them (gap before and the call)."""
+    ``with_launch``, no host time for the calls that launched them (gap before and the call),
+    except the gap before the calls ``keep_gap`` selects (host work that stays)."""
     g = replace(g, a_dur=np.where(sel, 0.0, g.a_dur), a_sgap=np.where(sel, 0.0, g.a_sgap),
                 a_lat=np.where(sel, 0.0, g.a_lat))
     if with_launch:
-        calls = np.zeros(g.n_host, dtype=bool)
-        calls[g.a_launch[sel & (g.a_launch >= 0)]] = True
-        g = shrink_host(g, calls, 0.0)
+        calls = launches_of(g, sel)
+        if keep_gap is None:
+            return shrink_host(g, calls, 0.0)
+        g = shrink_host(g, calls & ~keep_gap, 0.0)
+        g = replace(g, h_dur=np.where(calls & keep_gap, 0.0, g.h_dur))
     return g
 
 
