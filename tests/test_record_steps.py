@@ -257,8 +257,12 @@ if __name__ == "__main__":
     out, steps = sys.argv[1], int(sys.argv[2])
     dl = DataLoader(Slow(), batch_size=None, num_workers=2, prefetch_factor=4, multiprocessing_context="fork")
     m = torch.nn.Linear(8, 1); opt = torch.optim.SGD(m.parameters(), lr=0.01)
-    ends = []
-    for i, x in enumerate(dl):
+    ends, waits = [], []
+    it = iter(dl)
+    for i in range(10_000):
+        t0 = time.perf_counter()
+        x = next(it)
+        waits.append(time.perf_counter() - t0)
         if i == 0:
             time.sleep(1.0)  # a slow first step (start-up): the workers fill the queue (8 batches)
         m(x).sum().backward(); opt.step(); opt.zero_grad()
@@ -267,7 +271,8 @@ if __name__ == "__main__":
         if i + 1 == steps:
             break
     own = (ends[-1] - ends[109]) * 1000 / (len(ends) - 110)  # steps 111-150: long after the queue drained
-    json.dump({"step_ms": own, "first_steps_ms": (ends[15] - ends[5]) * 100}, open(out, "w"))
+    wait = sum(waits[110:len(ends)]) * 1000 / (len(ends) - 110)  # the loop's own wait for batches there
+    json.dump({"step_ms": own, "wait_ms": wait, "first_steps_ms": (ends[15] - ends[5]) * 100}, open(out, "w"))
 """
 
 
@@ -288,6 +293,26 @@ def test_the_window_waits_for_the_prefetched_queue_to_drain(tmp_path: Path) -> N
     assert timing["window"]["first_step"] > 15 and "loader_ready_min" in timing["chunks"][0]
     assert timing["loader_workers"] == 2 and timing["first_chunk_steps"] % 2 == timing["chunk_steps"] % 2 == 0
     assert m["profiler"]["timing_rule"] == "steady" and m["traces"]
+    # the loop waits ~10 ms a step for its batches once the queue is dry (workers: one per 50 ms,
+    # the step's own work 40 ms): the window says so, each chunk and in all (#24, gpuprof.steptime)
+    assert own["wait_ms"] > 5.0, own
+    assert abs(timing["loader_wait_ms"] - own["wait_ms"]) <= 0.3 * own["wait_ms"], (timing, own)
+    assert m["unprofiled_input_wait_ms"] == pytest.approx(timing["loader_wait_ms"])
+    assert all("loader_wait_ms" in c for c in timing["chunks"])
+
+
+def test_a_loop_without_a_dataloader_records_no_input_wait(tmp_path: Path) -> None:
+    prog = write(tmp_path, "plain.py", """
+import sys, torch
+m = torch.nn.Linear(8, 1); opt = torch.optim.SGD(m.parameters(), lr=0.01)
+for i in range(40):
+    m(torch.randn(4, 8)).sum().backward(); opt.step(); opt.zero_grad()
+""")
+    r = record(tmp_path, "run", sys.executable, str(prog), opts=["--timed-steps", "10"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = manifest(tmp_path, "run")
+    assert m["unprofiled_step_ms"] and "unprofiled_input_wait_ms" not in m
+    assert "loader_wait_ms" not in m["ranks"][0]["unprofiled_timing"]
 
 
 # --- step counting -----------------------------------------------------------------------------

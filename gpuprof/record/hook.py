@@ -56,6 +56,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Iterator
@@ -102,6 +103,9 @@ class Recorder:
         self.device: Any = None  # the stepping optimizer's CUDA device, for the timing events
         self.timing: dict[str, Any] = {}
         self.loaders: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.loader_s = 0.0  # host seconds the stepping thread spent inside DataLoader __next__ calls
+        self.loader_seen = False  # whether the stepping thread has iterated a DataLoader
+        self.step_tid: int | None = None  # the thread that counts steps (the training loop's)
         self.profiled_from: int | None = None  # the first step the profiler saw  # the process's multi-worker DataLoader iterators
         self.foreign: dict[str, Any] | None = None  # the program's own profiler, once seen
         self.own = 0  # > 0 while gpuprof itself drives torch.profiler
@@ -138,6 +142,8 @@ class Recorder:
 
     def step(self) -> None:
         self.steps += 1
+        if self.step_tid is None:
+            self.step_tid = threading.get_ident()
         if self.finished:
             a = self.after
             if a is not None and a.due(self.steps):
@@ -152,7 +158,7 @@ class Recorder:
         if not w.closed:
             w.sample(self._ready_batches(), self._loader_workers() if len(w.marks) < 2 else None)
             if w.due(self.steps):
-                w.mark(self.steps, self._event(first=not w.marks))
+                w.mark(self.steps, self._event(first=not w.marks), self.loader_s if self.loader_seen else None)
         if w.decide():
             self._start()
 
@@ -583,16 +589,34 @@ def _watch_profilers(state: Recorder) -> None:
 
 def _watch_loaders(state: Recorder) -> None:
     """Keep a weak reference to each multi-process DataLoader iterator the program creates, so the
-    timing can see whether their prefetched queue is draining (window.py)."""
+    timing can see whether their prefetched queue is draining (window.py); and add up the host time
+    the training loop's thread spends inside every DataLoader iterator's ``__next__`` (waiting for a
+    worker's batch, or loading it in-process), which the unprofiled window reports per step."""
     try:
         from torch.utils.data import dataloader
 
         cls = dataloader._MultiProcessingDataLoaderIter
         orig = cls.__dict__["__init__"]
+        base = dataloader._BaseDataLoaderIter
+        orig_next = base.__dict__["__next__"]
     except Exception:
         return
     if getattr(orig, "_gpuprof_watch", False):
         return
+
+    def next_(self: Any) -> Any:
+        if state.step_tid is not None and threading.get_ident() != state.step_tid:
+            return orig_next(self)  # a prefetching thread's wait is not the loop's
+        t0 = time.perf_counter()
+        try:
+            return orig_next(self)
+        finally:
+            state.loader_s += time.perf_counter() - t0
+            state.loader_seen = True
+
+    functools.update_wrapper(next_, orig_next)
+    setattr(next_, "_gpuprof_watch", True)
+    setattr(base, "__next__", next_)
 
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         orig(self, *args, **kwargs)

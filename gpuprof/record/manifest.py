@@ -6,6 +6,9 @@ with_stack, skip_steps, timed_steps, teardown_cupti {value, set_by}}, traces [{r
 unprofiled_step_ms (mean over ranks of the step time measured outside the profiled window),
 unprofiled_timing {method: "cuda_events" (the GPU timeline, one CUDA event at each end of the
 timed window) | "host_clock" (programs that do not use CUDA) | null (not timed), why, ranks},
+unprofiled_input_wait_ms (mean over ranks of the host time per step, over the same steps, that the
+training loop's thread spent inside DataLoader ``__next__`` calls; absent where no rank iterated a
+DataLoader: gpuprof.steptime prices the waits the profiled steps missed),
 after_profiling_step_ms (mean over ranks of the step time measured in the steps after the profiler
 stopped: the same as unprofiled_step_ms when the profiler left the program as it found it),
 ranks [per-rank records, one per process that stepped, each named by its ``name``],
@@ -125,6 +128,8 @@ def build(run_dir: Path, base: dict[str, Any], ranks: list[dict[str, Any]],
                       if isinstance(r.get("unprofiled_step_ms"), (int, float))})
     why = next(((r.get("unprofiled_timing") or {}).get("why") for r in ranks
                 if (r.get("unprofiled_timing") or {}).get("why")), None)
+    waits: list[Any] = [(r.get("unprofiled_timing") or {}).get("loader_wait_ms") for r in ranks
+                        if isinstance(r.get("unprofiled_step_ms"), (int, float))]
     after = [r["after_profiling_step_ms"] for r in ranks if isinstance(r.get("after_profiling_step_ms"), (int, float))]
     first = next((r for r in ranks if r.get("torch")), {})
     if not ranks:
@@ -142,6 +147,8 @@ def build(run_dir: Path, base: dict[str, Any], ranks: list[dict[str, Any]],
         "unprofiled_step_ms": sum(timed) / len(timed) if timed else None,
         "unprofiled_timing": {"method": methods[0] if len(methods) == 1 else (methods or None), "why": why,
                               "ranks": len(timed)},
+        **({"unprofiled_input_wait_ms": float(sum(waits)) / len(waits)}
+           if waits and all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in waits) else {}),
         "after_profiling_step_ms": sum(after) / len(after) if after else None,
         "ranks": ranks,
         "failures": failures,

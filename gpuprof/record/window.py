@@ -92,6 +92,8 @@ class Chunk:
     host_ms: float  # per step, on the host clock between the two boundaries
     ready_min: int | None  # fewest DataLoader batches found ready at a step of the chunk (None: no such loader)
     gpu_ms: float | None = None  # per step, on the GPU timeline, once the GPU has passed the chunk's end
+    #: per step, host time the stepping thread spent inside DataLoader ``__next__`` calls (None: not measured)
+    loader_wait_ms: float | None = None
 
     @property
     def steps(self) -> int:
@@ -199,6 +201,7 @@ class Window:
         self.fixed = fixed
         self.clock = clock
         self.marks: list[tuple[int, float, Any]] = []  # (step, host time, CUDA event or None)
+        self.waited: list[float | None] = []  # at each mark: the stepping thread's DataLoader time so far (s)
         self.chunks: list[Chunk] = []
         self.ready: int | None = None  # running minimum of the loader's ready batches in the open chunk
         self.closed = False  # no more boundaries (decided, budget spent or the program's profiler began)
@@ -231,12 +234,18 @@ class Window:
         if workers and len(self.marks) < 2:
             self.workers = workers
 
-    def mark(self, step: int, event: Any) -> None:
+    def mark(self, step: int, event: Any, waited_s: float | None = None) -> None:
+        """A chunk boundary at the end of ``step``; ``waited_s``: the seconds the stepping thread
+        has spent inside DataLoader ``__next__`` calls so far (None: no DataLoader iterated)."""
         now = self.clock()
         if self.marks:
             s0, t0, _ = self.marks[-1]
-            self.chunks.append(Chunk(s0 + 1, step, (now - t0) * 1000.0 / (step - s0), self.ready))
+            w0 = self.waited[-1]
+            wait = None if waited_s is None else (waited_s - (w0 or 0.0)) * 1000.0 / (step - s0)
+            self.chunks.append(Chunk(s0 + 1, step, (now - t0) * 1000.0 / (step - s0), self.ready,
+                                     loader_wait_ms=wait))
         self.marks.append((step, now, event))
+        self.waited.append(waited_s)
         self.ready = None
         if len(self.marks) == 1 and self.fixed is None:
             self.first_chunk_steps = whole_cycles(CHUNK_STEPS, self.workers)
@@ -322,7 +331,8 @@ class Window:
             if self.converged is False and self.why:
                 info["not_converged_why"] = self.why
         info["chunks"] = [{"steps": [c.first_step, c.last_step], "ms": round(m, 4), "host_ms": round(c.host_ms, 4),
-                           **({"loader_ready_min": c.ready_min} if c.ready_min is not None else {})}
+                           **({"loader_ready_min": c.ready_min} if c.ready_min is not None else {}),
+                           **({"loader_wait_ms": round(c.loader_wait_ms, 4)} if c.loader_wait_ms is not None else {})}
                           for c, m in zip(self.chunks, ms)]
         if not win:
             return None, info
@@ -331,6 +341,11 @@ class Window:
         mean = sum(m * c.steps for m, c in zip(wms, win)) / steps
         info["window"] = {"first_step": win[0].first_step, "last_step": win[-1].last_step}
         info["host_step_ms"] = sum(c.host_ms * c.steps for c in win) / steps
+        waits = [c.loader_wait_ms for c in win]
+        if all(w is not None for w in waits):
+            # what the window's steps spent waiting for their batches, on the host clock: the
+            # profiled steps may have caught none of a loader's intermittent waits (gpuprof.steptime)
+            info["loader_wait_ms"] = sum(w * c.steps for w, c in zip(waits, win) if w is not None) / steps
         if len(wms) > 1:
             sd = math.sqrt(sum((m - mean) ** 2 for m in wms) / (len(wms) - 1))
             info.update(spread_pct=round(agreement(wms), 3), stddev_ms=round(sd, 4),
