@@ -22,6 +22,7 @@ from gpuprof.timeline import CLASSES
 
 if TYPE_CHECKING:
     from gpuprof.replay.fixes import Plan
+    from gpuprof.steptime import InputWaits
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,9 @@ class Result:
     keep_traces: bool = False  # the frames were kept on request (a single trace, or keep_traces=True)
     notices: tuple[str, ...] = ()  # what the analysis itself warns of (an impossible step time, ...)
     folder: str | None = None  # the run folder analysed, when it was one
+    #: DataLoader waits of the unprofiled steps that the profiled ones missed, priced apart (the
+    #: parts' ``unprofiled_step_ms`` is then the step without them: gpuprof.steptime.InputWaits)
+    input_waits: InputWaits | None = None
 
     @property
     def nvml(self) -> pd.DataFrame:
@@ -86,7 +90,7 @@ class Result:
         s = [p.summary for p in self.parts]
         mfus = [x.mfu_pct for x in s if x.mfu_pct is not None]
         keys = (*CLASSES, "idle")
-        unprofiled = self.parts[0].unprofiled_step_ms
+        unprofiled = self.input_waits.unprofiled_ms if self.input_waits is not None else self.parts[0].unprofiled_step_ms
         out: dict[str, Any] = {
             "steps": int(max(len(p.steps) for p in self.parts)),
             "step_time_ms": float(np.mean([x.step_time_ms for x in s])),
@@ -105,6 +109,10 @@ class Result:
             "gpu_kernel_time_ms": float(np.mean([100.0 - x.breakdown_pct["idle"] for x in s]) / 100.0
                                         * np.mean([x.step_time_ms for x in s])),
         }
+        w = self.input_waits
+        if w is not None:
+            out["input_wait"] = {"loader_wait_ms_per_step": w.wait_ms, "traced_loader_ms_per_step": w.traced_ms,
+                                 "typical_step_time_ms": w.typical_ms, "host_free_step_ms": w.floor_ms}
         if len(s) > 1:
             out["per_rank"] = [{"rank": p.rank, "step_time_ms": p.summary.step_time_ms,
                                 "gpu_busy_pct": p.summary.gpu_busy_pct,

@@ -84,11 +84,20 @@ class Analysis(Result):
         the slowest rank's; ``by_class_ms`` is not computed there."""
         plans = self._plans()
         if len(self.parts) > 1:
-            return pricing.what_if_job(plans, [r.trace for r in self.ranks], self.parts, self.findings, list(ids),
-                                       self.job_cost_us)
-        if plans[0] is None:
+            out = pricing.what_if_job(plans, [r.trace for r in self.ranks], self.parts, self.findings, list(ids),
+                                      self.job_cost_us)
+        elif plans[0] is None:
             raise GpuprofError("what-if needs one rank whose trace replays (several ranks: analyse one rank's trace)")
-        return pricing.what_if_rank(plans[0], ids)
+        else:
+            out = pricing.what_if_rank(plans[0], ids)
+        w = self.input_waits
+        if w is not None:  # replayed on the step without the DataLoader waits: the program has them
+            fixed = steptime.INPUT_WAIT_ID in ids
+            out = {**out, "before_ms": out["before_ms"] + w.saving_ms,
+                   "step_time_ms": out["step_time_ms"] + (0.0 if fixed else w.saving_ms),
+                   "applied": sorted({*out["applied"], steptime.INPUT_WAIT_ID} if fixed else out["applied"]),
+                   "not_applied": [i for i in out["not_applied"] if i != steptime.INPUT_WAIT_ID]}
+        return out
 
     # --- output ----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -155,7 +164,8 @@ def load_traces(files: Sequence[Path], cache: bool = True, workers: int | None =
 def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gpu_spec: str | None = None,
             analyzers: Sequence[str] | None = None, step_ms: float | None = None, cache: bool = True,
             workers: int | None = None, dask: str | None = None, keep_traces: bool | None = None,
-            progress: Callable[[int, int, str], None] | None = None, as_ranks: bool = False) -> Analysis:
+            progress: Callable[[int, int, str], None] | None = None, as_ranks: bool = False,
+            input_wait_ms: float | None = None) -> Analysis:
     """Load and analyse traces. ``gpu`` overrides the trace's device name (e.g. ``"H100-SXM"``);
     ``gpu_spec`` is a spec file (``gpuprof calibrate`` output); ``analyzers`` restricts which run;
     ``step_ms`` is the step time measured *without* the profiler (from training logs), which
@@ -180,6 +190,12 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
     folder's recorded figure below it is reported in ``warnings`` and not used; either far above
     the traced step is warned of.
 
+    ``input_wait_ms`` is the time per step the training loop spent waiting for its DataLoader,
+    measured over the same steps as ``step_ms`` (e.g. Lightning's profiler's
+    ``train_dataloader_next`` mean); a run folder carries it (``unprofiled_input_wait_ms``). Waits
+    beyond those the profiled steps show are then a finding of their own and every other fix is
+    priced on the step without them (:class:`gpuprof.steptime.InputWaits`).
+
     Several traces are analysed as ranks of one job only when they look like one (see
     :func:`gpuprof.pipeline.check_ranks`) or ``as_ranks`` says so; otherwise a
     :class:`UsageError` says why."""
@@ -189,7 +205,8 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
     # A run folder's own figure that is impossible is dropped as soon as the ranks' summaries show
     # it (before any analyzer runs): the analysis is then the one without an unprofiled step time.
     result = pipeline.run(seq, unprofiled, gpu, gpu_spec, analyzers, cache, workers, dask, keep_traces, progress,
-                          folder, manifest, as_ranks, drop_impossible=step_ms is None)
+                          folder, manifest, as_ranks, drop_impossible=step_ms is None,
+                          input_wait_ms=steptime.recorded_input_wait(step_ms, manifest, input_wait_ms))
     notices = steptime.check(result.parts, unprofiled, given=step_ms is not None)
     return Analysis.of(replace(result, notices=(*result.notices, *notices)) if notices else result)
 

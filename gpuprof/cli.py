@@ -128,6 +128,8 @@ def _show_warnings_as_lines() -> None:
 @click.option("--gpu-spec", type=click.Path(path_type=Path), help="A spec file (from `gpuprof calibrate`).")
 @click.option("--step-ms", type=float, help="Step time measured WITHOUT the profiler (e.g. from training logs); "
               "corrects host-side estimates for the profiler's own overhead.")
+@click.option("--input-wait-ms", type=float, help="Time per step the loop waited for its DataLoader, measured "
+              "WITHOUT the profiler over the same steps as --step-ms (a `gpuprof record` run folder carries it).")
 @click.option("--no-cache", is_flag=True, help="Neither read nor write the parse and results caches ($GPUPROF_CACHE_DIR).")
 @click.option("--workers", type=click.IntRange(min=1), help="Local processes parsing rank traces (most: one per CPU; default: one per CPU, "
               "or none for rank traces of 256 MiB of JSON or less, analysed in this process).")
@@ -139,8 +141,8 @@ def _show_warnings_as_lines() -> None:
 @click.option("--annotated", type=click.Path(path_type=Path), metavar="OUT.json.gz",
               help="Also write the trace with gpuprof's results added (as `gpuprof annotate`).")
 def report(paths: tuple[Path, ...], fmt: str, output: Path | None, force: bool, gpu: str | None,
-           gpu_spec: Path | None, step_ms: float | None, no_cache: bool, workers: int | None,
-           dask_address: str | None, as_ranks: bool, annotated: Path | None) -> None:
+           gpu_spec: Path | None, step_ms: float | None, input_wait_ms: float | None, no_cache: bool,
+           workers: int | None, dask_address: str | None, as_ranks: bool, annotated: Path | None) -> None:
     """Analyse traces and report step time, MFU, roofline classes and findings.
 
     PATHS are Kineto trace files (.json or .json.gz, as torch.profiler writes them), folders of
@@ -148,7 +150,7 @@ def report(paths: tuple[Path, ...], fmt: str, output: Path | None, force: bool, 
     """
     with _interruptible():
         _report(paths, fmt, output, force, gpu, gpu_spec, step_ms, no_cache, workers, dask_address, as_ranks,
-                annotated)
+                annotated, input_wait_ms)
 
 
 class _Terminated(KeyboardInterrupt):
@@ -188,13 +190,17 @@ def _interruptible() -> Iterator[None]:
 
 def _report(paths: tuple[Path, ...], fmt: str, output: Path | None, force: bool, gpu: str | None,
             gpu_spec: Path | None, step_ms: float | None, no_cache: bool, workers: int | None,
-            dask_address: str | None, as_ranks: bool, annotated: Path | None = None) -> None:
+            dask_address: str | None, as_ranks: bool, annotated: Path | None = None,
+            input_wait_ms: float | None = None) -> None:
     try:
         stored = fmt == "json" and not no_cache and annotated is None
         if stored:  # the same report of unchanged trace files: printed from the cache, nothing imported
             from gpuprof import cache_keys
 
-            options = (gpu, cache_keys.spec_digest(str(gpu_spec) if gpu_spec else None), step_ms, as_ranks)
+            options: tuple[Any, ...] = (gpu, cache_keys.spec_digest(str(gpu_spec) if gpu_spec else None), step_ms,
+                                        as_ranks)
+            if input_wait_ms is not None:
+                options += (input_wait_ms,)
             key = cache_keys.report_key(list(paths), fmt, options)
             text = cache_keys.cached_report(key) if key else None
             if text is not None:
@@ -204,7 +210,8 @@ def _report(paths: tuple[Path, ...], fmt: str, output: Path | None, force: bool,
             click.echo(f"gpuprof: analysing {len(paths)} path(s)…", err=True)
         analysis = gpuprof.analyze(list(paths), gpu=gpu, gpu_spec=str(gpu_spec) if gpu_spec else None,
                                    step_ms=step_ms, cache=not no_cache, workers=workers, dask=dask_address,
-                                   progress=_progress if sys.stderr.isatty() else None, as_ranks=as_ranks)
+                                   progress=_progress if sys.stderr.isatty() else None, as_ranks=as_ranks,
+                                   input_wait_ms=input_wait_ms)
         inputs = _inputs(paths, analysis)
         if stored:
             text = analysis.to_json()

@@ -302,6 +302,38 @@ def _spans_in(starts: np.ndarray, ends: np.ndarray, gs: np.ndarray, ge: np.ndarr
     k = np.searchsorted(starts, ge, side="right") - 1
     return (k >= 0) & (ends[np.maximum(k, 0)] > gs)
 
+def loader_spans(t: RankTrace) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of the host's DataLoader spans (``enumerate(DataLoader)#...__next__``
+    annotations, and top-level ops of such names in traces that record them as ops), sorted."""
+    an, ops = t.annotations, t.ops
+    a_m = ~an["on_gpu"].to_numpy(dtype=bool) & name_mask(an["name"], _LOADER)
+    o_m = (ops["depth"] == 0).to_numpy() & name_mask(ops["name"], _LOADER)
+    ls = np.r_[an["ts"].to_numpy(dtype=float)[a_m], ops["ts"].to_numpy(dtype=float)[o_m]]
+    le = np.r_[an["end"].to_numpy(dtype=float)[a_m], ops["end"].to_numpy(dtype=float)[o_m]]
+    o = np.argsort(ls, kind="stable")
+    return ls[o], le[o]
+
+
+def loader_us_per_step(t: RankTrace) -> float:
+    """Host time per profiled step inside DataLoader spans (:func:`loader_spans`, their union),
+    within the steps' host windows (``cpu_start``..``cpu_end``): what the profiled steps waited
+    for (or spent loading) their batches, to set against the unprofiled steps' own figure
+    (:mod:`gpuprof.steptime`)."""
+    s = t.steps
+    if not len(s) or "cpu_start" not in s.columns:
+        return 0.0
+    ls, le = loader_spans(t)
+    if not len(ls):
+        return 0.0
+    le = np.maximum.accumulate(le)  # union of the spans: each start clipped to the ends before it
+    prev = np.r_[-np.inf, le[:-1]]
+    ls = np.maximum(ls, prev)
+    total = 0.0
+    for a, b in zip(s["cpu_start"].to_numpy(dtype=float), s["cpu_end"].to_numpy(dtype=float)):  # a few steps
+        total += float(np.clip(np.minimum(le, b) - np.maximum(ls, a), 0.0, None).sum())
+    return total / len(s)
+
+
 def _cols(frame: pd.DataFrame, mask: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
     """ts, end, tid and row of a frame's events (optionally only where ``mask``), as arrays: the
     frames carry wide object columns that a row filter would copy for nothing."""
@@ -384,13 +416,8 @@ def classify_gaps(t: RankTrace, spans: Spans | None = None) -> pd.DataFrame:
     tids = np.where(is_k, k_tid[np.where(is_k, nxt, 0)] if len(k_tid) else -1,
                     m_tid[np.where(is_k, 0, nxt)] if len(m_tid) else -1).astype(np.int64)
 
-    an, ops = t.annotations, t.ops
-    a_m = ~an["on_gpu"].to_numpy(dtype=bool) & name_mask(an["name"], _LOADER)
-    o_m = (ops["depth"] == 0).to_numpy() & name_mask(ops["name"], _LOADER)
-    ls = np.r_[an["ts"].to_numpy()[a_m], ops["ts"].to_numpy()[o_m]]
-    le = np.r_[an["end"].to_numpy()[a_m], ops["end"].to_numpy()[o_m]]
-    o = np.argsort(ls, kind="stable")
-    ls, le = ls[o], le[o]
+    ops = t.ops
+    ls, le = loader_spans(t)
     in_loader = _spans_in(ls, le, gs, ge) if len(ls) else np.zeros(len(g), dtype=bool)
 
     rt = t.runtime[["name", "ts", "end", "step", "external_id"]]

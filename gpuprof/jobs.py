@@ -289,6 +289,25 @@ def rank_job(job: Job, part: RankPart, active: Sequence[str], cross: Sequence[Cr
     return RankOutcome(contributions, from_records(records), replay_ms, figures)
 
 
+def host_free_job(job: Job, store: Store | None = None) -> float | None:
+    """The rank's steady-state step replayed with the host's own time taken out (ms): the least
+    step its GPU work and dependencies allow (:mod:`gpuprof.steptime`); None where the rank has no
+    graph to replay."""
+    from gpuprof.errors import GpuprofError
+    from gpuprof.replay import steady_ms
+    from gpuprof.replay.fixes import host_free
+    from gpuprof.replay.graph import build
+
+    r, _ = load_rank(job, store=store)
+    t = r.trace
+    if not len(t.runtime) or not (len(t.kernels) + len(t.memcpys)):
+        return None
+    try:
+        return float(steady_ms(host_free(build([t]))))
+    except GpuprofError:
+        return None
+
+
 def graph_job(job: Job, store: Store | None = None) -> RankGraph:
     """One rank's dependency graph, ready to join the others' (gpuprof.replay.job)."""
     from gpuprof.replay.job import rank_graph

@@ -12,6 +12,7 @@ import pandas as pd
 
 from gpuprof.collectives import collective_table
 from gpuprof.hostcost import event_cost_us
+from gpuprof.idle import loader_us_per_step
 from gpuprof.rank import RankResult
 from gpuprof.timeline import StepSummary
 from gpuprof.trace.model import TraceMeta
@@ -32,6 +33,8 @@ class RankPart:
     runtime_us_per_step: float  # CUDA runtime/driver call time per step on the host
     unprofiled_step_ms: float | None = None
     nvml: pd.DataFrame | None = None
+    #: host time per profiled step inside DataLoader spans (gpuprof.idle.loader_us_per_step)
+    loader_us_per_step: float = 0.0
     nvml_period_s: float = 0.05
 
     @property
@@ -139,4 +142,4 @@ def part_of(r: RankResult) -> RankPart:
     return RankPart(meta=r.trace.meta, steps=r.trace.steps, summary=r.summary, kernels=kernel_sums(r),
                     collectives=collective_table(r), has_gpu=r.trace.has_gpu, event_cost_us=cost,
                     runtime_us_per_step=runtime_us_per_step(r), unprofiled_step_ms=r.unprofiled_step_ms,
-                    nvml=r.nvml, nvml_period_s=r.nvml_period_s)
+                    nvml=r.nvml, nvml_period_s=r.nvml_period_s, loader_us_per_step=loader_us_per_step(r.trace))

@@ -29,23 +29,27 @@ from gpuprof.claims import merge, rank_findings, split_notes
 from gpuprof.errors import UsageError
 from gpuprof.executors import IN_PROCESS_MAX_BYTES, Executor, job_bytes, local_workers
 from gpuprof.findings import Finding
-from gpuprof.jobs import (Job, RankOutcome, graph_job, job_key, kept_ranks, load_rank, part_job, rank_job,
-                          slow_job)
+from gpuprof.jobs import (Job, RankOutcome, graph_job, host_free_job, job_key, kept_ranks, load_rank, part_job,
+                          rank_job, slow_job)
 from gpuprof.parts import RankPart
 from gpuprof.rank import RankView
 from gpuprof.runfolder import list_traces, rank_samples, run_nvml
 from gpuprof.specs import resolve
-from gpuprof.steptime import impossible, without_unprofiled_step
+from gpuprof.steptime import InputWaits, impossible, input_wait_finding, input_waits, without_unprofiled_step
 from gpuprof.trace.model import TraceMeta
 
 
 def run(seq: list[str | Path], unprofiled_step_ms: float | None, gpu: str | None, gpu_spec: str | None,
         analyzers: Sequence[str] | None, cache: bool, workers: int | None, dask: str | None,
         keep_traces: bool | None, progress: Callable[[int, int, str], None] | None,
-        folder: Path | None, manifest: dict[str, Any], as_ranks: bool, drop_impossible: bool = False) -> Result:
+        folder: Path | None, manifest: dict[str, Any], as_ranks: bool, drop_impossible: bool = False,
+        input_wait_ms: float | None = None) -> Result:
     """Analyse the traces ``seq`` names (see :func:`gpuprof.api.analyze`) with the unprofiled step
     time settled (``unprofiled_step_ms``, or None when unknown; with ``drop_impossible``, None as
-    well where the ranks' summaries show it impossible)."""
+    well where the ranks' summaries show it impossible). ``input_wait_ms``: the run's DataLoader
+    waits per unprofiled step (:func:`gpuprof.steptime.recorded_input_wait`); waits the profiled
+    steps missed are priced apart and the rest on the step without them
+    (:class:`gpuprof.steptime.InputWaits`)."""
     files, skipped = list_traces(seq)
     run_folder = str(folder) if folder is not None and len(seq) == 1 else None
     jobs = [Job(str(Path(f).resolve()), i, cache, gpu, gpu_spec, unprofiled_step_ms) for i, f in enumerate(files)]
@@ -64,7 +68,7 @@ def run(seq: list[str | Path], unprofiled_step_ms: float | None, gpu: str | None
                                           keep=here))
         out = _analyse(ex, jobs, gpu, gpu_spec, analyzers, unprofiled_step_ms, manifest, folder,
                        as_ranks=as_ranks or (len(seq) == 1 and bool(manifest.get("traces"))),
-                       drop_impossible=drop_impossible, keep_traces=keep)
+                       drop_impossible=drop_impossible, keep_traces=keep, input_wait_ms=input_wait_ms)
     if not cache:  # loading again later (Analysis.ranks) must not look for the private cache
         out = replace(out, jobs=tuple(replace(j, cache=False, cache_root=None) for j in out.jobs))
     return replace(out, folder=run_folder, notices=(*skipped, *out.notices))
@@ -72,7 +76,7 @@ def run(seq: list[str | Path], unprofiled_step_ms: float | None, gpu: str | None
 
 def _analyse(ex: Executor, jobs: list[Job], gpu: str | None, gpu_spec: str | None, analyzers: Sequence[str] | None,
              unprofiled_step_ms: float | None, manifest: dict[str, Any], folder: Path | None, as_ranks: bool,
-             drop_impossible: bool, keep_traces: bool) -> Result:
+             drop_impossible: bool, keep_traces: bool, input_wait_ms: float | None = None) -> Result:
     from gpuprof.analyzers import distributed, select
 
     samples, period, gpu_of = run_nvml(folder, manifest)
@@ -94,6 +98,14 @@ def _analyse(ex: Executor, jobs: list[Job], gpu: str | None, gpu_spec: str | Non
         parts = tuple(without_unprofiled_step(p) for p in parts)
         jobs = [replace(j, unprofiled_step_ms=None) for j in jobs]
         unprofiled_step_ms = None
+    waits = None
+    if input_wait_ms is not None and unprofiled_step_ms is not None:
+        floors = ex.map(host_free_job, jobs, stage="replayed") if input_wait_ms > 0 else []
+        waits = input_waits(parts, unprofiled_step_ms, input_wait_ms, floors)
+    if waits is not None:  # every fix is priced on the step the profiled steps stand for
+        unprofiled_step_ms = waits.typical_ms
+        parts = tuple(replace(p, unprofiled_step_ms=unprofiled_step_ms) for p in parts)
+        jobs = [replace(j, unprofiled_step_ms=unprofiled_step_ms) for j in jobs]
     active, skipped = select(parts, spec, analyzers)
     names = [a.name for a in active]
     job_of = {p.rank: j for p, j in zip(parts, jobs)}
@@ -118,21 +130,29 @@ def _analyse(ex: Executor, jobs: list[Job], gpu: str | None, gpu_spec: str | Non
                                          stage="analysed")
     frames = kept_ranks(ex.store, jobs, parts)  # loaded here and still held: the views read them
     contribs = [c for o in outcomes for c in o.contributions]
-    fixes, notes = split_notes(findings_of(parts, contribs))
+    found = findings_of(parts, contribs)
+    if waits is not None:
+        found = with_input_waits(found, waits, manifest)
+    fixes, notes = split_notes(found)
     plans = tuple(o.plan for o in outcomes) if all(o.plan is not None or not o.claims for o in outcomes) else None
     if alone:
         figures = {"replay_step_time_ms": outcomes[0].replay_ms,
                    **(outcomes[0].figures or pricing.projection(None, fixes))}
+        if waits is not None:
+            figures.update(pricing.with_input_waits(figures, waits, fixes))
     else:
         replayed = [o.replay_ms for o in outcomes]
         ok = [x for x in replayed if x is not None]
         figures = {"replay_step_time_ms": float(np.mean(ok)) if ok and len(ok) == len(replayed) else None,
                    **_job_projection(jobs, parts, outcomes, fixes, frames, job_cost[0],
                                      built[0] if all(p.unprofiled_step_ms == unprofiled_step_ms for p in parts) else None)}
+        if waits is not None:
+            figures.update(pricing.with_input_waits(figures, waits, fixes))
     return Result(parts=parts, spec=spec, findings=tuple(fixes), notes=tuple(notes), skipped=tuple(skipped),
                   run=manifest, jobs=tuple(jobs), frames=frames, claims=tuple(o.claims for o in outcomes),
                   replay_step_time_ms=figures.pop("replay_step_time_ms"), projection=figures,
-                  plans=plans if frames is not None else None, job_cost_us=job_cost[0], keep_traces=keep_traces)
+                  plans=plans if frames is not None else None, job_cost_us=job_cost[0], keep_traces=keep_traces,
+                  input_waits=waits)
 
 
 def findings_of(parts: Sequence[RankPart], contribs: Sequence[Any]) -> list[Finding]:
@@ -140,6 +160,14 @@ def findings_of(parts: Sequence[RankPart], contribs: Sequence[Any]) -> list[Find
     over ranks, in % of that rank's unprofiled step (else its traced one)."""
     return rank_findings(merge(contribs, {p.rank: p.n_steps for p in parts},
                                {p.rank: p.unprofiled_step_ms or p.summary.step_time_ms for p in parts}))
+
+
+def with_input_waits(found: Sequence[Finding], waits: InputWaits, manifest: dict[str, Any]) -> list[Finding]:
+    """``found`` (priced on the step without the waits) with the waits' own finding, every share in
+    % of the program's real mean step, ranked again."""
+    u = waits.unprofiled_ms
+    out = [replace(f, estimated_savings_pct=100.0 * f.estimated_savings_ms / u, severity=None) for f in found]
+    return rank_findings([*out, input_wait_finding(waits, manifest)])
 
 
 def _job_projection(jobs: Sequence[Job], parts: Sequence[RankPart], outcomes: Sequence[RankOutcome],

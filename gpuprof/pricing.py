@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from gpuprof.parts import RankPart
     from gpuprof.replay.graph import Graph
     from gpuprof.replay.job import RankGraph
+    from gpuprof.steptime import InputWaits
     from gpuprof.trace.model import RankTrace
 
 
@@ -282,6 +283,32 @@ def projection(p: Plan | None, findings: Sequence[Finding]) -> dict[str, Any]:
         return dict(NO_PROJECTION)
     return {"projected_step_time_ms": finite(p.after_ms(ids)), "projected_findings": ids,
             "projected_from_ms": finite(p.before_ms)}
+
+
+def with_input_waits(figures: dict[str, Any], waits: InputWaits, findings: Sequence[Finding]) -> dict[str, Any]:
+    """The projection's figures (replayed on the step without the DataLoader waits the profiled
+    steps missed: :class:`gpuprof.steptime.InputWaits`) as the program runs: from its real mean
+    step, with the waits' own fix among those applied where it is projected (high or medium
+    confidence), else the waits kept on top of the replayed step."""
+    from gpuprof.steptime import INPUT_WAIT_ID
+
+    wait = next((f for f in findings if f.id == INPUT_WAIT_ID), None)
+    applied = wait is not None and wait.confidence in PROJECTED_CONFIDENCE
+    ids = list(figures.get("projected_findings") or [])
+    after = figures.get("projected_step_time_ms")
+    before = figures.get("projected_from_ms")
+    if after is None:  # no other fix projected: the waits alone
+        if not applied:
+            return {}
+        return {"projected_step_time_ms": waits.typical_ms, "projected_findings": [INPUT_WAIT_ID],
+                "projected_from_ms": waits.unprofiled_ms}
+    order = [f.id for f in findings]
+    if applied:
+        ids = sorted([*ids, INPUT_WAIT_ID], key=lambda i: order.index(i) if i in order else len(order))
+    else:
+        after = after + waits.saving_ms
+    return {"projected_step_time_ms": after, "projected_findings": ids,
+            "projected_from_ms": (before + waits.saving_ms) if before is not None else waits.unprofiled_ms}
 
 
 def what_if_rank(p: Plan, ids: Sequence[str]) -> dict[str, Any]:

@@ -120,6 +120,14 @@ def _rebuilt_manifest(folder: Path) -> dict[str, Any] | None:
              and r["unprofiled_step_ms"] > 0]
     doc: dict[str, Any] = {"traces": traces, "ranks": ranks, "rebuilt": "no manifest.json",
                            "unprofiled_step_ms": float(np.mean(timed)) if timed else None}
+    waits: list[float] = []
+    for r in ranks:  # as the recorder's manifest has it: where every timed rank measured its waits
+        w = (r.get("unprofiled_timing") or {}).get("loader_wait_ms") if isinstance(r.get("unprofiled_timing"), dict) \
+            else None
+        if isinstance(w, (int, float)) and not isinstance(w, bool) and np.isfinite(w) and w >= 0:
+            waits.append(float(w))
+    if timed and len(waits) == len(timed):
+        doc["unprofiled_input_wait_ms"] = float(np.mean(waits))
     if (folder / "nvml.csv").is_file():
         doc["nvml"] = {"path": "nvml.csv"}  # the sampling rate is read off the samples
     return doc

@@ -59,7 +59,12 @@ def _step_line(s: dict[str, Any], bold: Any) -> str:
     traced = _num(s["step_time_ms"], "{:.2f} ms")
     unprofiled = s.get("unprofiled_step_time_ms")
     if unprofiled:
-        return f"step time {bold(_num(unprofiled, '{:.2f} ms'))} without the profiler, {traced} traced"
+        line = f"step time {bold(_num(unprofiled, '{:.2f} ms'))} without the profiler, {traced} traced"
+        w = s.get("input_wait")
+        if w:  # the DataLoader waits the profiled steps missed: the fixes are priced without them
+            line += (f"; {_num(w['loader_wait_ms_per_step'], '{:.2f} ms')} of it waiting for the DataLoader, "
+                     f"{_num(w['typical_step_time_ms'], '{:.2f} ms')} without the waits the profiled steps missed")
+        return line
     return f"step time {bold(traced)} traced (without the profiler: unknown)"
 
 

@@ -1,0 +1,119 @@
+"""DataLoader waits the profiled steps missed are priced apart (#24 round 5, #25): the analysis
+prices every other fix on the step the profiled steps stand for (gpuprof.steptime.InputWaits).
+
+The run folder is the real Lightning recording of sample_traces/h200/frameworks; the tests copy
+it and write a SYNTHETIC ``unprofiled_input_wait_ms`` into the copy's manifest (the recording
+predates the recorder's DataLoader clock), so the figures the rule starts from are known. The
+recorder's own clock is checked end to end in test_record_steps.py; real pairs are in
+docs/accuracy.md.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gpuprof.api import analyze
+from gpuprof.cli import main
+from gpuprof.idle import loader_us_per_step
+from gpuprof.steptime import INPUT_WAIT_ID
+
+RUN = Path(__file__).resolve().parents[1] / "sample_traces" / "h200" / "frameworks" / "run_lightning_resnet"
+
+
+def _with_wait(tmp: Path, wait_ms: float | None) -> Path:
+    out = tmp / f"run_{wait_ms}"
+    shutil.copytree(RUN, out)
+    m = json.loads((out / "manifest.json").read_text())
+    if wait_ms is not None:  # SYNTHETIC: what the recorder now writes, set by hand
+        m["unprofiled_input_wait_ms"] = wait_ms
+        m["ranks"][0]["unprofiled_timing"]["loader_wait_ms"] = wait_ms
+    (out / "manifest.json").write_text(json.dumps(m))
+    return out
+
+
+def test_the_traced_loader_time_is_the_dataloader_spans_per_step() -> None:
+    a = analyze(RUN, cache=False)
+    t = a.ranks[0].trace
+    # two __next__ spans of 87 and 89 µs, one in each profiled step (the workers had batches ready)
+    assert loader_us_per_step(t) == pytest.approx((87.342 + 88.553) / 2, abs=0.01)
+    assert a.parts[0].loader_us_per_step == pytest.approx(loader_us_per_step(t))
+
+
+def test_waits_the_trace_missed_are_their_own_finding(tmp_path: Path) -> None:
+    u = json.loads((RUN / "manifest.json").read_text())["unprofiled_step_ms"]
+    a = analyze(_with_wait(tmp_path, 3.0), cache=False)
+    w = a.input_waits
+    assert w is not None and w.unprofiled_ms == pytest.approx(u)
+    traced = a.parts[0].loader_us_per_step / 1000.0
+    assert w.traced_ms == pytest.approx(traced)
+    assert w.typical_ms == pytest.approx(max(u - (3.0 - traced), w.floor_ms))
+    assert w.floor_ms < w.typical_ms  # this loop is host-bound: the waits come off whole
+    f = {x.id: x for x in a.findings}
+    assert f[INPUT_WAIT_ID].estimated_savings_ms == pytest.approx(u - w.typical_ms)
+    assert f[INPUT_WAIT_ID].estimated_savings_pct == pytest.approx(100 * (u - w.typical_ms) / u)
+    # every other fix is priced on the step without the waits, its share of the program's real step
+    b = analyze(RUN, step_ms=w.typical_ms, cache=False)
+    others = {x.id: x for x in b.findings}
+    for i, x in others.items():
+        assert f[i].estimated_savings_ms == pytest.approx(x.estimated_savings_ms), i
+        assert f[i].estimated_savings_pct == pytest.approx(100 * x.estimated_savings_ms / u), i
+    assert set(f) == {*others, INPUT_WAIT_ID}
+    s = a.summary
+    assert s["unprofiled_step_time_ms"] == pytest.approx(u)
+    assert s["input_wait"]["typical_step_time_ms"] == pytest.approx(w.typical_ms)
+    # the projection starts from the program's step and applies the waits' fix with the others
+    assert s["projected_from_ms"] == pytest.approx(b.summary["projected_from_ms"] + w.saving_ms)
+    assert INPUT_WAIT_ID in s["projected_findings"]
+    assert s["projected_step_time_ms"] == pytest.approx(b.summary["projected_step_time_ms"])
+    wi = a.what_if([INPUT_WAIT_ID])
+    assert wi["before_ms"] - wi["step_time_ms"] == pytest.approx(w.saving_ms)
+    assert a.what_if([])["step_time_ms"] == pytest.approx(wi["before_ms"])
+
+
+def test_waits_beyond_the_gpus_floor_save_only_down_to_it(tmp_path: Path) -> None:
+    a = analyze(_with_wait(tmp_path, 40.0), cache=False)
+    w = a.input_waits
+    assert w is not None and w.typical_ms == pytest.approx(w.floor_ms)
+    saving = {x.id: x.estimated_savings_ms for x in a.findings}[INPUT_WAIT_ID]
+    assert saving == pytest.approx(w.unprofiled_ms - w.floor_ms) and saving < 40.0
+
+
+def test_no_more_waiting_than_the_trace_shows_changes_nothing(tmp_path: Path) -> None:
+    base = analyze(RUN, cache=False).to_json()
+    same = analyze(_with_wait(tmp_path, 0.05), cache=False)  # below the traced 0.088 ms
+    assert same.input_waits is None
+    assert json.loads(same.to_json())["findings"] == json.loads(base)["findings"]
+    # a step time the user gives was not measured over the recorder's steps: no waits then
+    given = analyze(_with_wait(tmp_path, 3.0), step_ms=17.0, cache=False)
+    assert given.input_waits is None and INPUT_WAIT_ID not in {x.id for x in given.findings}
+
+
+def test_every_output_says_it(tmp_path: Path) -> None:
+    run = _with_wait(tmp_path, 3.0)
+    for fmt in ("text", "json", "html"):
+        out = tmp_path / f"r.{fmt}"
+        r = CliRunner().invoke(main, ["report", str(run), "--format", fmt, "-o", str(out), "--no-cache"])
+        assert r.exit_code == 0, r.output
+        text = out.read_text()
+        assert "DataLoader" in text, fmt
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["findings"][0]["id"] == INPUT_WAIT_ID
+    assert doc["summary"]["input_wait"]["loader_wait_ms_per_step"] == 3.0
+
+
+def test_the_user_can_give_the_waits_with_the_step_time(tmp_path: Path) -> None:
+    """A plain trace file with the step time and the DataLoader waits from the user's own logs
+    (--step-ms, --input-wait-ms) is priced as a run folder that carries both."""
+    u = json.loads((RUN / "manifest.json").read_text())["unprofiled_step_ms"]
+    folder = analyze(_with_wait(tmp_path, 3.0), cache=False)
+    plain = analyze(RUN / "traces" / "rank0.json.gz", step_ms=u, input_wait_ms=3.0, cache=False)
+    nvml = {"nvml", "memory_capacity", "gpu_throttling"}  # the folder's NVML samples add these
+    assert [(f.id, round(f.estimated_savings_ms, 6)) for f in plain.findings] == \
+        [(f.id, round(f.estimated_savings_ms, 6)) for f in folder.findings if f.category not in nvml]
+    r = CliRunner().invoke(main, ["report", str(RUN), "--format", "json", "--input-wait-ms", "-1", "--no-cache"])
+    assert r.exit_code != 0 and "--input-wait-ms must be a finite number" in r.output and "Traceback" not in r.output
