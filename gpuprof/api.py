@@ -206,8 +206,12 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
     # it (before any analyzer runs): the analysis is then the one without an unprofiled step time.
     result = pipeline.run(seq, unprofiled, gpu, gpu_spec, analyzers, cache, workers, dask, keep_traces, progress,
                           folder, manifest, as_ranks, drop_impossible=step_ms is None,
-                          input_wait_ms=steptime.recorded_input_wait(step_ms, manifest, input_wait_ms))
-    notices = steptime.check(result.parts, unprofiled, given=step_ms is not None)
+                          input_wait_ms=steptime.recorded_input_wait(step_ms, manifest, input_wait_ms),
+                          input_wait_noise_ms=steptime.recorded_step_sem(manifest)
+                          if step_ms is None and input_wait_ms is None else 0.0)
+    # with DataLoader waits the profiled steps missed, the traced step stands for the step without them
+    compared = result.input_waits.typical_ms if result.input_waits is not None else unprofiled
+    notices = steptime.check(result.parts, compared, given=step_ms is not None)
     return Analysis.of(replace(result, notices=(*result.notices, *notices)) if notices else result)
 
 

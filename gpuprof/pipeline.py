@@ -35,7 +35,8 @@ from gpuprof.parts import RankPart
 from gpuprof.rank import RankView
 from gpuprof.runfolder import list_traces, rank_samples, run_nvml
 from gpuprof.specs import resolve
-from gpuprof.steptime import InputWaits, impossible, input_wait_finding, input_waits, without_unprofiled_step
+from gpuprof.steptime import (InputWaits, impossible, input_wait_finding, input_waits, traced_loader_ms,
+                              without_unprofiled_step)
 from gpuprof.trace.model import TraceMeta
 
 
@@ -43,13 +44,14 @@ def run(seq: list[str | Path], unprofiled_step_ms: float | None, gpu: str | None
         analyzers: Sequence[str] | None, cache: bool, workers: int | None, dask: str | None,
         keep_traces: bool | None, progress: Callable[[int, int, str], None] | None,
         folder: Path | None, manifest: dict[str, Any], as_ranks: bool, drop_impossible: bool = False,
-        input_wait_ms: float | None = None) -> Result:
+        input_wait_ms: float | None = None, input_wait_noise_ms: float = 0.0) -> Result:
     """Analyse the traces ``seq`` names (see :func:`gpuprof.api.analyze`) with the unprofiled step
     time settled (``unprofiled_step_ms``, or None when unknown; with ``drop_impossible``, None as
     well where the ranks' summaries show it impossible). ``input_wait_ms``: the run's DataLoader
     waits per unprofiled step (:func:`gpuprof.steptime.recorded_input_wait`); waits the profiled
     steps missed are priced apart and the rest on the step without them
-    (:class:`gpuprof.steptime.InputWaits`)."""
+    (:class:`gpuprof.steptime.InputWaits`), where they are more than ``input_wait_noise_ms`` (the
+    unprofiled step's own standard error)."""
     files, skipped = list_traces(seq)
     run_folder = str(folder) if folder is not None and len(seq) == 1 else None
     jobs = [Job(str(Path(f).resolve()), i, cache, gpu, gpu_spec, unprofiled_step_ms) for i, f in enumerate(files)]
@@ -68,7 +70,8 @@ def run(seq: list[str | Path], unprofiled_step_ms: float | None, gpu: str | None
                                           keep=here))
         out = _analyse(ex, jobs, gpu, gpu_spec, analyzers, unprofiled_step_ms, manifest, folder,
                        as_ranks=as_ranks or (len(seq) == 1 and bool(manifest.get("traces"))),
-                       drop_impossible=drop_impossible, keep_traces=keep, input_wait_ms=input_wait_ms)
+                       drop_impossible=drop_impossible, keep_traces=keep, input_wait_ms=input_wait_ms,
+                       input_wait_noise_ms=input_wait_noise_ms)
     if not cache:  # loading again later (Analysis.ranks) must not look for the private cache
         out = replace(out, jobs=tuple(replace(j, cache=False, cache_root=None) for j in out.jobs))
     return replace(out, folder=run_folder, notices=(*skipped, *out.notices))
@@ -76,7 +79,8 @@ def run(seq: list[str | Path], unprofiled_step_ms: float | None, gpu: str | None
 
 def _analyse(ex: Executor, jobs: list[Job], gpu: str | None, gpu_spec: str | None, analyzers: Sequence[str] | None,
              unprofiled_step_ms: float | None, manifest: dict[str, Any], folder: Path | None, as_ranks: bool,
-             drop_impossible: bool, keep_traces: bool, input_wait_ms: float | None = None) -> Result:
+             drop_impossible: bool, keep_traces: bool, input_wait_ms: float | None = None,
+             input_wait_noise_ms: float = 0.0) -> Result:
     from gpuprof.analyzers import distributed, select
 
     samples, period, gpu_of = run_nvml(folder, manifest)
@@ -100,8 +104,9 @@ def _analyse(ex: Executor, jobs: list[Job], gpu: str | None, gpu_spec: str | Non
         unprofiled_step_ms = None
     waits = None
     if input_wait_ms is not None and unprofiled_step_ms is not None:
-        floors = ex.map(host_free_job, jobs, stage="replayed") if input_wait_ms > 0 else []
-        waits = input_waits(parts, unprofiled_step_ms, input_wait_ms, floors)
+        beyond = input_wait_ms - traced_loader_ms(parts) > max(input_wait_noise_ms, 0.0)
+        floors = ex.map(host_free_job, jobs, stage="replayed") if beyond else []  # the graphs only where it may pay
+        waits = input_waits(parts, unprofiled_step_ms, input_wait_ms, floors, input_wait_noise_ms)
     if waits is not None:  # every fix is priced on the step the profiled steps stand for
         unprofiled_step_ms = waits.typical_ms
         parts = tuple(replace(p, unprofiled_step_ms=unprofiled_step_ms) for p in parts)

@@ -144,18 +144,37 @@ def recorded_input_wait(step_ms: float | None, manifest: dict[str, Any], given: 
 WAIT_MIN_SHARE = 0.001
 
 
+def recorded_step_sem(manifest: dict[str, Any]) -> float:
+    """How well the run's unprofiled step is known: the mean over ranks of its timing window's
+    standard error (``unprofiled_timing.sem_ms``, ms; 0 where none is recorded). Waits that the
+    profiled steps missed by less than this are not told apart from the step's own noise."""
+    sems = []
+    for r in manifest.get("ranks") or []:
+        t = r.get("unprofiled_timing") if isinstance(r, dict) else None
+        v = t.get("sem_ms") if isinstance(t, dict) else None
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0:
+            sems.append(float(v))
+    return sum(sems) / len(sems) if sems else 0.0
+
+
+def traced_loader_ms(parts: Sequence[RankPart]) -> float:
+    """The profiled steps' time inside DataLoader spans per step, mean over ranks (ms)."""
+    return sum(p.loader_us_per_step for p in parts) / len(parts) / 1000.0 if parts else 0.0
+
+
 def input_waits(parts: Sequence[RankPart], unprofiled_ms: float | None, wait_ms: float | None,
-                floors_ms: Sequence[float | None]) -> InputWaits | None:
+                floors_ms: Sequence[float | None], noise_ms: float = 0.0) -> InputWaits | None:
     """The waits the profiled steps missed (:class:`InputWaits`), or None: no recorded wait, no
-    unprofiled step, no more waiting than the trace shows, no graph to bound them by (``floors_ms``:
-    each rank's host-free replayed step, None where it has none), or less than ``WAIT_MIN_SHARE``
-    of the step."""
+    unprofiled step, no graph to bound them by (``floors_ms``: each rank's host-free replayed step,
+    None where it has none), or no more waiting than the trace shows by more than the step's own
+    noise (``noise_ms``: :func:`recorded_step_sem`; a 2-worker loader that keeps up waits 0.1 ms a
+    step in both) and ``WAIT_MIN_SHARE`` of the step."""
     if unprofiled_ms is None or wait_ms is None or not parts:
         return None
-    traced = sum(p.loader_us_per_step for p in parts) / len(parts) / 1000.0
+    traced = traced_loader_ms(parts)
     extra = wait_ms - traced
     known = [f for f in floors_ms if f is not None]
-    if extra <= 0 or len(known) < len(floors_ms) or not known:
+    if extra <= max(noise_ms, 0.0) or len(known) < len(floors_ms) or not known:
         return None
     floor = max(known)
     typical = max(unprofiled_ms - extra, floor)
@@ -186,16 +205,30 @@ def input_wait_finding(w: InputWaits, manifest: dict[str, Any]) -> Finding:
                      "time); every other fix is priced on the step without these waits"),
     }
     pct = 100.0 * w.saving_ms / w.unprofiled_ms
-    have = f" (it has {ev['loader_workers']})" if isinstance(ev["loader_workers"], int) else ""
+    # the loop takes a batch every typical_ms; its loader gives one every unprofiled_ms (it sets the
+    # pace while the loop waits): that much more throughput keeps up
+    factor = w.unprofiled_ms / w.typical_ms
+    ev["loader_throughput_needed_x"] = round(factor, 2)
+    n = ev["loader_workers"]
+    if isinstance(n, int):
+        ev["workers_worth_needed"] = math.ceil(n * factor - 1e-9)
+        pace = (f"The loop takes a batch every {w.typical_ms:.1f} ms and its {n} workers make one every "
+                f"{w.unprofiled_ms:.1f} ms: about {ev['workers_worth_needed']} workers' worth of throughput "
+                f"({factor:.1f}x) keeps up. ")
+    else:
+        pace = (f"The loop takes a batch every {w.typical_ms:.1f} ms and gets one every {w.unprofiled_ms:.1f} ms: "
+                f"{factor:.1f}x the loader's throughput keeps up. ")
     return Finding(
         id=INPUT_WAIT_ID, category="input_pipeline",
         title=(f"The training loop waits for its DataLoader: {w.wait_ms:.1f} ms per step over {steps} steps timed "
                f"without the profiler, where the profiled steps waited {w.traced_ms:.1f} ms"),
         estimated_savings_ms=w.saving_ms, estimated_savings_pct=pct, confidence="medium",
-        recommendation=(f"Make batches faster than the loop takes them: more DataLoader workers{have} "
-                        "(`num_workers` up to the CPU cores per GPU, `persistent_workers=True`, `prefetch_factor` "
-                        "2-4), cheaper per-sample work (decode and augment once offline, or on the GPU: "
-                        "torchvision.transforms.v2 on tensors, DALI), and fewer, larger reads (a sharded format "
-                        "instead of one file per sample). The waits are intermittent: the workers fall behind "
-                        "and the loop catches up on every cycle, so a profiled step may show none."),
+        recommendation=(pace + "Make batches faster: cheaper per-sample work (decode and augment once offline, or "
+                        "on the GPU: torchvision.transforms.v2 on tensors, DALI), fewer, larger reads (a sharded "
+                        "format instead of one file per sample), and more DataLoader workers (`num_workers`, "
+                        "`persistent_workers=True`, `prefetch_factor` 2-4) as far as the CPU cores allow: workers "
+                        "also take CPU from the training process's own host work. The saving is the waits' whole "
+                        "share, what a loader that keeps up gives; a faster loader that still falls behind gives "
+                        "part of it. The waits are intermittent (the workers fall behind and the loop catches up "
+                        "every cycle), so a profiled step may show none."),
         evidence=ev)

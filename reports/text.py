@@ -59,12 +59,7 @@ def _step_line(s: dict[str, Any], bold: Any) -> str:
     traced = _num(s["step_time_ms"], "{:.2f} ms")
     unprofiled = s.get("unprofiled_step_time_ms")
     if unprofiled:
-        line = f"step time {bold(_num(unprofiled, '{:.2f} ms'))} without the profiler, {traced} traced"
-        w = s.get("input_wait")
-        if w:  # the DataLoader waits the profiled steps missed: the fixes are priced without them
-            line += (f"; {_num(w['loader_wait_ms_per_step'], '{:.2f} ms')} of it waiting for the DataLoader, "
-                     f"{_num(w['typical_step_time_ms'], '{:.2f} ms')} without the waits the profiled steps missed")
-        return line
+        return f"step time {bold(_num(unprofiled, '{:.2f} ms'))} without the profiler, {traced} traced"
     return f"step time {bold(traced)} traced (without the profiler: unknown)"
 
 
@@ -211,7 +206,13 @@ def render_text(doc: dict[str, Any], color: bool = False, top: int = 10, width: 
     facts = [f"ranks {len(src['ranks'])}", f"steps {s['steps']} ({_safe(s['steps_source'])})",
              f"GPU busy {_num(s['gpu_busy_pct'], '{:.1f}%')}"]
     lines += _wrap("   ".join(x.replace(" ", "\u00a0") for x in facts), w, "", "")
-    lines += [_step_line(s, bold), mfu]
+    lines.append(_step_line(s, bold))
+    wait = s.get("input_wait")
+    if wait:  # the DataLoader waits the profiled steps missed: the fixes are priced without them
+        lines += _wrap(f"of it {_num(wait['loader_wait_ms_per_step'], '{:.2f} ms')} waiting for the DataLoader; "
+                       f"{_num(wait['typical_step_time_ms'], '{:.2f} ms')} without the waits the profiled steps "
+                       "missed, which the fixes below are priced on", w, "  ", "  ")
+    lines.append(mfu)
     proj = projection_line(s, doc.get("findings", []), len(src["ranks"]))
     if proj:
         lines += _wrap(proj.replace(" ms", "\u00a0ms"), w, "", "  ")
