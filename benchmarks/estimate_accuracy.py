@@ -21,18 +21,22 @@ import json
 from pathlib import Path
 
 import gpuprof
-from benchmarks.pairs import (depth_pairs, family, heldout_pairs, home, pairs, realised_ms, realised_noise_ms,
-                              step_ms, trace_path)
+from benchmarks.pairs import (depth_pairs, family, heldout_pairs, home, input_wait_ms, pairs, realised_ms,
+                              realised_noise_ms, step_ms, trace_path)
 
 
 def row(cat: str, bad: str, good: str, with_step_ms: bool = True, comparable: bool = True) -> dict[str, object]:
     """One pair: the bad trace's finding of ``cat`` against the realised saving (per the bad step's
     work: decode pairs per token, see ``realised_ms``), compared only within one device session."""
-    a = gpuprof.analyze(trace_path(bad), step_ms=step_ms(bad) if with_step_ms else None)
-    b = gpuprof.analyze(trace_path(good), step_ms=step_ms(good) if with_step_ms else None)
+    a = gpuprof.analyze(trace_path(bad), step_ms=step_ms(bad) if with_step_ms else None,
+                        input_wait_ms=input_wait_ms(bad) if with_step_ms else None)
+    # a good member timed but not recorded (round 5's vision_light) has no trace to raise anything
+    b = gpuprof.analyze(trace_path(good), step_ms=step_ms(good) if with_step_ms else None,
+                        input_wait_ms=input_wait_ms(good) if with_step_ms else None) \
+        if trace_path(good).exists() else None
     cats = [f.category for f in a.findings]
     mine = next((f for f in a.findings if f.category == cat), None)
-    good_f = next((f for f in b.findings if f.category == cat), None)
+    good_f = next((f for f in b.findings if f.category == cat), None) if b is not None else None
     same = session(bad) == session(good)  # host-bound savings compare only within one session
     realised = realised_ms(bad, good)
     ok = comparable and same

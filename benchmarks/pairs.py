@@ -24,7 +24,20 @@ HELD_OUT = H200 / "heldout"
 
 def home(name: str) -> Path:
     """The folder holding a pair member's trace (and its ``timings/``)."""
-    return HELD_OUT if (HELD_OUT / f"{name}.json.gz").is_file() else H200
+    held = ((HELD_OUT / f"{name}.json.gz").is_file() or (HELD_OUT / name / "manifest.json").is_file()
+            or (HELD_OUT / "timings" / f"{name}.json").is_file())  # a member timed, not recorded
+    return HELD_OUT if held else H200
+
+
+def input_wait_ms(name: str) -> float | None:
+    """A member kept as a `gpuprof record` run folder: its recorded DataLoader waits per unprofiled
+    step (``unprofiled_input_wait_ms``), given with the plain processes' step time as a user gives
+    both (``--step-ms``, ``--input-wait-ms``); None for a trace file."""
+    m = home(name) / name / "manifest.json"
+    if not m.is_file():
+        return None
+    w = json.loads(m.read_text()).get("unprofiled_input_wait_ms")
+    return float(w) if isinstance(w, (int, float)) else None
 
 
 def trace_path(name: str) -> Path:

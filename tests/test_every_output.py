@@ -41,6 +41,8 @@ def _samples() -> dict[str, Path]:
             out[f"samples/{p.name.removesuffix('.json.gz')}"] = p
     for p in sorted((SAMPLES / "heldout").glob("*.json.gz")):
         out[f"samples/heldout/{p.name.removesuffix('.json.gz')}"] = p
+    for p in sorted(x for x in (SAMPLES / "heldout").iterdir() if (x / "manifest.json").is_file()):
+        out[f"samples/heldout/{p.name}"] = p  # run folders of gpuprof record (round 5)
     for p in sorted(x for x in (SAMPLES / "frameworks").iterdir() if x.is_dir()):
         out[f"samples/frameworks/{p.name}"] = p
     for p in sorted((ROOT / "sample_traces" / "regions").glob("*.json.gz")):
