@@ -591,17 +591,40 @@ def _watch_loaders(state: Recorder) -> None:
     """Keep a weak reference to each multi-process DataLoader iterator the program creates, so the
     timing can see whether their prefetched queue is draining (window.py); and add up the host time
     the training loop's thread spends inside every DataLoader iterator's ``__next__`` (waiting for a
-    worker's batch, or loading it in-process), which the unprofiled window reports per step."""
+    worker's batch, or loading it in-process: :func:`_time_loader_waits`), which the unprofiled
+    window reports per step. Each patch stands alone: a torch without one keeps the other."""
     try:
         from torch.utils.data import dataloader
-
+    except Exception:
+        return
+    _time_loader_waits(state, dataloader)
+    try:
         cls = dataloader._MultiProcessingDataLoaderIter
         orig = cls.__dict__["__init__"]
+    except Exception:
+        return
+    if getattr(orig, "_gpuprof_watch", False):
+        return
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        orig(self, *args, **kwargs)
+        with contextlib.suppress(Exception):
+            state.loaders.add(self)
+
+    functools.update_wrapper(init, orig)
+    setattr(init, "_gpuprof_watch", True)
+    setattr(cls, "__init__", init)
+
+
+def _time_loader_waits(state: Recorder, dataloader: Any) -> None:
+    """Add up the time the stepping thread spends inside any DataLoader iterator's ``__next__``
+    (``state.loader_s``): the unprofiled window reports it per step (window.py)."""
+    try:
         base = dataloader._BaseDataLoaderIter
         orig_next = base.__dict__["__next__"]
     except Exception:
         return
-    if getattr(orig, "_gpuprof_watch", False):
+    if getattr(orig_next, "_gpuprof_watch", False):
         return
 
     def next_(self: Any) -> Any:
@@ -617,15 +640,6 @@ def _watch_loaders(state: Recorder) -> None:
     functools.update_wrapper(next_, orig_next)
     setattr(next_, "_gpuprof_watch", True)
     setattr(base, "__next__", next_)
-
-    def init(self: Any, *args: Any, **kwargs: Any) -> None:
-        orig(self, *args, **kwargs)
-        with contextlib.suppress(Exception):
-            state.loaders.add(self)
-
-    functools.update_wrapper(init, orig)
-    setattr(init, "_gpuprof_watch", True)
-    setattr(cls, "__init__", init)
 
 
 def install() -> None:
