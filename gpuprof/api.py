@@ -18,7 +18,7 @@ import pandas as pd
 
 from gpuprof import document, pipeline, pricing, steptime
 from gpuprof.analysis import Result
-from gpuprof.errors import GpuprofError
+from gpuprof.errors import GpuprofError, UsageError
 from gpuprof.executors import Executor
 from gpuprof.jobs import Job, load_rank, load_trace_cached
 from gpuprof.rank import RankResult
@@ -93,8 +93,10 @@ class Analysis(Result):
         w = self.input_waits
         if w is not None:  # replayed on the step without the DataLoader waits: the program has them
             fixed = steptime.INPUT_WAIT_ID in ids
+            # until the loader keeps up it gives a batch every unprofiled_ms: the step is no shorter
             out = {**out, "before_ms": out["before_ms"] + w.saving_ms,
-                   "step_time_ms": out["step_time_ms"] + (0.0 if fixed else w.saving_ms),
+                   "step_time_ms": out["step_time_ms"] if fixed else max(out["step_time_ms"] + w.saving_ms,
+                                                                         w.unprofiled_ms),
                    "applied": sorted({*out["applied"], steptime.INPUT_WAIT_ID} if fixed else out["applied"]),
                    "not_applied": [i for i in out["not_applied"] if i != steptime.INPUT_WAIT_ID]}
         return out
@@ -182,7 +184,7 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
     (:mod:`gpuprof.jobs`) and only those cross to this process, so memory here does not grow
     with the traces (past that bound); ``Analysis.ranks`` then loads the frames again on first
     use. ``progress(done, total, stage)``, when given, is called as ranks finish each stage
-    ("summarised", "analysed").
+    ("summarised", "analysed"; "replayed" where a run folder's DataLoader waits need the traces' GPU floor).
 
     The unprofiled step time is checked against the trace (:mod:`gpuprof.steptime`): ``step_ms``
     that is not a finite positive number, or below the GPU's busy time per step (no step is
@@ -202,13 +204,17 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
     seq = [paths] if isinstance(paths, (str, Path)) else list(paths)
     folder, manifest = manifest_of(seq)
     unprofiled = steptime.settle(step_ms, manifest)
+    if input_wait_ms is not None and unprofiled is None:
+        raise UsageError("--input-wait-ms needs the step time measured over the same steps: give --step-ms too "
+                         "(a run folder of gpuprof record carries both)")
     # A run folder's own figure that is impossible is dropped as soon as the ranks' summaries show
     # it (before any analyzer runs): the analysis is then the one without an unprofiled step time.
     result = pipeline.run(seq, unprofiled, gpu, gpu_spec, analyzers, cache, workers, dask, keep_traces, progress,
                           folder, manifest, as_ranks, drop_impossible=step_ms is None,
                           input_wait_ms=steptime.recorded_input_wait(step_ms, manifest, input_wait_ms),
                           input_wait_noise_ms=steptime.recorded_step_sem(manifest)
-                          if step_ms is None and input_wait_ms is None else 0.0)
+                          if step_ms is None and input_wait_ms is None else 0.0,
+                          input_wait_given=input_wait_ms is not None)
     # with DataLoader waits the profiled steps missed, the traced step stands for the step without them
     compared = result.input_waits.typical_ms if result.input_waits is not None else unprofiled
     notices = steptime.check(result.parts, compared, given=step_ms is not None)

@@ -35,6 +35,7 @@ class RankPart:
     nvml: pd.DataFrame | None = None
     #: host time per profiled step inside DataLoader spans (gpuprof.idle.loader_us_per_step)
     loader_us_per_step: float = 0.0
+    host_events_per_step: float = 0.0  # recorded host events per profiled step (gpuprof.hostcost.event_cost_us)
     nvml_period_s: float = 0.05
 
     @property
@@ -138,8 +139,9 @@ def kernel_table(sums: list[pd.DataFrame]) -> pd.DataFrame:
 
 
 def part_of(r: RankResult) -> RankPart:
-    cost, _ = event_cost_us(r)
+    cost, per_step = event_cost_us(r)
     return RankPart(meta=r.trace.meta, steps=r.trace.steps, summary=r.summary, kernels=kernel_sums(r),
                     collectives=collective_table(r), has_gpu=r.trace.has_gpu, event_cost_us=cost,
                     runtime_us_per_step=runtime_us_per_step(r), unprofiled_step_ms=r.unprofiled_step_ms,
-                    nvml=r.nvml, nvml_period_s=r.nvml_period_s, loader_us_per_step=loader_us_per_step(r.trace))
+                    nvml=r.nvml, nvml_period_s=r.nvml_period_s, loader_us_per_step=loader_us_per_step(r.trace),
+                    host_events_per_step=per_step)

@@ -35,8 +35,8 @@ from gpuprof.parts import RankPart
 from gpuprof.rank import RankView
 from gpuprof.runfolder import list_traces, rank_samples, run_nvml
 from gpuprof.specs import resolve
-from gpuprof.steptime import (InputWaits, impossible, input_wait_finding, input_waits, traced_loader_ms,
-                              without_unprofiled_step)
+from gpuprof.steptime import (INPUT_WAIT_ID, InputWaits, impossible, input_wait_finding, input_waits, traced_loader_ms,
+                              with_unprofiled_step, without_unprofiled_step)
 from gpuprof.trace.model import TraceMeta
 
 
@@ -44,14 +44,16 @@ def run(seq: list[str | Path], unprofiled_step_ms: float | None, gpu: str | None
         analyzers: Sequence[str] | None, cache: bool, workers: int | None, dask: str | None,
         keep_traces: bool | None, progress: Callable[[int, int, str], None] | None,
         folder: Path | None, manifest: dict[str, Any], as_ranks: bool, drop_impossible: bool = False,
-        input_wait_ms: float | None = None, input_wait_noise_ms: float = 0.0) -> Result:
+        input_wait_ms: float | None = None, input_wait_noise_ms: float = 0.0, input_wait_given: bool = False
+        ) -> Result:
     """Analyse the traces ``seq`` names (see :func:`gpuprof.api.analyze`) with the unprofiled step
     time settled (``unprofiled_step_ms``, or None when unknown; with ``drop_impossible``, None as
     well where the ranks' summaries show it impossible). ``input_wait_ms``: the run's DataLoader
     waits per unprofiled step (:func:`gpuprof.steptime.recorded_input_wait`); waits the profiled
     steps missed are priced apart and the rest on the step without them
     (:class:`gpuprof.steptime.InputWaits`), where they are more than ``input_wait_noise_ms`` (the
-    unprofiled step's own standard error)."""
+    unprofiled step's own standard error); ``input_wait_given``: the user gave the waits (the run's
+    window is then not theirs to describe)."""
     files, skipped = list_traces(seq)
     run_folder = str(folder) if folder is not None and len(seq) == 1 else None
     jobs = [Job(str(Path(f).resolve()), i, cache, gpu, gpu_spec, unprofiled_step_ms) for i, f in enumerate(files)]
@@ -71,7 +73,7 @@ def run(seq: list[str | Path], unprofiled_step_ms: float | None, gpu: str | None
         out = _analyse(ex, jobs, gpu, gpu_spec, analyzers, unprofiled_step_ms, manifest, folder,
                        as_ranks=as_ranks or (len(seq) == 1 and bool(manifest.get("traces"))),
                        drop_impossible=drop_impossible, keep_traces=keep, input_wait_ms=input_wait_ms,
-                       input_wait_noise_ms=input_wait_noise_ms)
+                       input_wait_noise_ms=input_wait_noise_ms, input_wait_given=input_wait_given)
     if not cache:  # loading again later (Analysis.ranks) must not look for the private cache
         out = replace(out, jobs=tuple(replace(j, cache=False, cache_root=None) for j in out.jobs))
     return replace(out, folder=run_folder, notices=(*skipped, *out.notices))
@@ -80,7 +82,7 @@ def run(seq: list[str | Path], unprofiled_step_ms: float | None, gpu: str | None
 def _analyse(ex: Executor, jobs: list[Job], gpu: str | None, gpu_spec: str | None, analyzers: Sequence[str] | None,
              unprofiled_step_ms: float | None, manifest: dict[str, Any], folder: Path | None, as_ranks: bool,
              drop_impossible: bool, keep_traces: bool, input_wait_ms: float | None = None,
-             input_wait_noise_ms: float = 0.0) -> Result:
+             input_wait_noise_ms: float = 0.0, input_wait_given: bool = False) -> Result:
     from gpuprof.analyzers import distributed, select
 
     samples, period, gpu_of = run_nvml(folder, manifest)
@@ -109,7 +111,7 @@ def _analyse(ex: Executor, jobs: list[Job], gpu: str | None, gpu_spec: str | Non
         waits = input_waits(parts, unprofiled_step_ms, input_wait_ms, floors, input_wait_noise_ms)
     if waits is not None:  # every fix is priced on the step the profiled steps stand for
         unprofiled_step_ms = waits.typical_ms
-        parts = tuple(replace(p, unprofiled_step_ms=unprofiled_step_ms) for p in parts)
+        parts = tuple(with_unprofiled_step(p, unprofiled_step_ms) for p in parts)
         jobs = [replace(j, unprofiled_step_ms=unprofiled_step_ms) for j in jobs]
     active, skipped = select(parts, spec, analyzers)
     names = [a.name for a in active]
@@ -137,7 +139,7 @@ def _analyse(ex: Executor, jobs: list[Job], gpu: str | None, gpu_spec: str | Non
     contribs = [c for o in outcomes for c in o.contributions]
     found = findings_of(parts, contribs)
     if waits is not None:
-        found = with_input_waits(found, waits, manifest)
+        found = with_input_waits(found, waits, {} if input_wait_given else manifest)
     fixes, notes = split_notes(found)
     plans = tuple(o.plan for o in outcomes) if all(o.plan is not None or not o.claims for o in outcomes) else None
     if alone:
@@ -168,11 +170,16 @@ def findings_of(parts: Sequence[RankPart], contribs: Sequence[Any]) -> list[Find
 
 
 def with_input_waits(found: Sequence[Finding], waits: InputWaits, manifest: dict[str, Any]) -> list[Finding]:
-    """``found`` (priced on the step without the waits) with the waits' own finding, every share in
-    % of the program's real mean step, ranked again."""
+    """``found`` (priced on the step without the waits) with the waits' own finding first, every
+    share in % of the program's real mean step: the loader gives a batch every ``unprofiled_ms``,
+    so until it keeps up no other fix shortens the step, and each of them says so in its evidence
+    (``priced_after``)."""
     u = waits.unprofiled_ms
-    out = [replace(f, estimated_savings_pct=100.0 * f.estimated_savings_ms / u, severity=None) for f in found]
-    return rank_findings([*out, input_wait_finding(waits, manifest)])
+    after = {"priced_after": INPUT_WAIT_ID, "while_the_loader_sets_the_pace_ms": 0.0}
+    out = [replace(f, estimated_savings_pct=100.0 * f.estimated_savings_ms / u, severity=None,
+                   evidence={**f.evidence, **after}) for f in found]
+    # first whatever it saves: while the loader sets the pace no other fix shortens the step
+    return [input_wait_finding(waits, manifest), *rank_findings(out)]
 
 
 def _job_projection(jobs: Sequence[Job], parts: Sequence[RankPart], outcomes: Sequence[RankOutcome],

@@ -305,8 +305,8 @@ def with_input_waits(figures: dict[str, Any], waits: InputWaits, findings: Seque
     order = [f.id for f in findings]
     if applied:
         ids = sorted([*ids, INPUT_WAIT_ID], key=lambda i: order.index(i) if i in order else len(order))
-    else:
-        after = after + waits.saving_ms
+    else:  # until the loader keeps up it gives a batch every unprofiled_ms: the step is no shorter
+        after = max(after + waits.saving_ms, waits.unprofiled_ms)
     return {"projected_step_time_ms": after, "projected_findings": ids,
             "projected_from_ms": (before + waits.saving_ms) if before is not None else waits.unprofiled_ms}
 

@@ -102,6 +102,12 @@ def _check_manifest(doc: Any, manifest: Path) -> dict[str, Any]:
     return doc
 
 
+def _positive(v: Any) -> bool:
+    """A finite number > 0 a float can hold (not a bool, a string, NaN or a 400-digit integer)."""
+    return (isinstance(v, (int, float)) and not isinstance(v, bool) and -1e300 < v < 1e300
+            and bool(np.isfinite(float(v))) and v > 0)
+
+
 def _rebuilt_manifest(folder: Path) -> dict[str, Any] | None:
     """A run folder whose recorder was killed before writing ``manifest.json``: the traces and
     rank records it left (``traces/``), else None (not a run folder)."""
@@ -115,16 +121,16 @@ def _rebuilt_manifest(folder: Path) -> dict[str, Any] | None:
     ranks = [r for r in collect_ranks(folder) if isinstance(r, dict) and "error" not in r]
     listed = {f.name: f for f in tdir.iterdir() if _is_trace_name(f)}
     traces = [{"rank": i, "path": f"traces/{name}"} for i, name in enumerate(sorted(listed))]
-    timed = [float(r["unprofiled_step_ms"]) for r in ranks if isinstance(r.get("unprofiled_step_ms"), (int, float))
-             and not isinstance(r.get("unprofiled_step_ms"), bool) and np.isfinite(r["unprofiled_step_ms"])
-             and r["unprofiled_step_ms"] > 0]
+    timed = [float(r["unprofiled_step_ms"]) for r in ranks if _positive(r.get("unprofiled_step_ms"))]
     doc: dict[str, Any] = {"traces": traces, "ranks": ranks, "rebuilt": "no manifest.json",
                            "unprofiled_step_ms": float(np.mean(timed)) if timed else None}
     waits: list[float] = []
     for r in ranks:  # as the recorder's manifest has it: where every timed rank measured its waits
-        w = (r.get("unprofiled_timing") or {}).get("loader_wait_ms") if isinstance(r.get("unprofiled_timing"), dict) \
-            else None
-        if isinstance(w, (int, float)) and not isinstance(w, bool) and np.isfinite(w) and w >= 0:
+        t = r.get("unprofiled_timing")
+        if not _positive(r.get("unprofiled_step_ms")):
+            continue  # the ranks `timed` counts, no other
+        w = t.get("loader_wait_ms") if isinstance(t, dict) else None
+        if isinstance(w, (int, float)) and not isinstance(w, bool) and (w == 0 or _positive(w)):
             waits.append(float(w))
     if timed and len(waits) == len(timed):
         doc["unprofiled_input_wait_ms"] = float(np.mean(waits))

@@ -35,11 +35,8 @@ def settle(step_ms: float | None, manifest: dict[str, Any]) -> float | None:
         raise UsageError(f"--step-ms must be a finite positive number of milliseconds, got {step_ms:g}")
     if step_ms is not None:
         return step_ms
-    recorded = manifest.get("unprofiled_step_ms")
-    if isinstance(recorded, bool) or not (isinstance(recorded, (int, float)) and math.isfinite(recorded)
-                                          and recorded > 0):
-        return None
-    return float(recorded)
+    recorded = _ms(manifest.get("unprofiled_step_ms"))
+    return recorded if recorded else None
 
 
 def impossible(parts: Sequence[RankPart], unprofiled_step_ms: float | None) -> bool:
@@ -47,6 +44,15 @@ def impossible(parts: Sequence[RankPart], unprofiled_step_ms: float | None) -> b
     if unprofiled_step_ms is None or any(p.meta.steps_source == "whole trace" for p in parts):
         return False
     return unprofiled_step_ms < max(work_ms_per_step(p) for p in parts) * (1.0 - WORK_TOLERANCE)
+
+
+def with_unprofiled_step(part: RankPart, step_ms: float) -> RankPart:
+    """``part`` as computed with ``step_ms`` as its unprofiled step (its profiler cost per event
+    follows it: gpuprof.hostcost.event_cost_us)."""
+    step_us = float(part.summary.steps["time_us"].mean()) if len(part.summary.steps) else 0.0
+    per = part.host_events_per_step
+    cost = max(0.0, step_us - step_ms * 1000.0) / per if per else 0.0
+    return replace(part, unprofiled_step_ms=step_ms, event_cost_us=cost)
 
 
 def without_unprofiled_step(part: RankPart) -> RankPart:
@@ -134,10 +140,24 @@ def recorded_input_wait(step_ms: float | None, manifest: dict[str, Any], given: 
         return float(given)
     if step_ms is not None:
         return None
-    w = manifest.get("unprofiled_input_wait_ms")
-    if isinstance(w, bool) or not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
+    return _ms(manifest.get("unprofiled_input_wait_ms"))
+
+
+def _ms(v: Any) -> float | None:
+    """A manifest's figure as a finite float >= 0, else None (strings, booleans, NaN, negatives and
+    integers too large for a float are not figures)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
-    return float(w)
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) and f >= 0 else None
+
+
+def _count(v: Any) -> int | None:
+    """A manifest's count as an int >= 1, else None."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else None
 
 
 #: Waits worth a finding: this share of the unprofiled step (claims.NEGLIGIBLE_PCT's, as a fraction).
@@ -149,11 +169,12 @@ def recorded_step_sem(manifest: dict[str, Any]) -> float:
     standard error (``unprofiled_timing.sem_ms``, ms; 0 where none is recorded). Waits that the
     profiled steps missed by less than this are not told apart from the step's own noise."""
     sems = []
-    for r in manifest.get("ranks") or []:
+    ranks = manifest.get("ranks")
+    for r in ranks if isinstance(ranks, list) else []:
         t = r.get("unprofiled_timing") if isinstance(r, dict) else None
-        v = t.get("sem_ms") if isinstance(t, dict) else None
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0:
-            sems.append(float(v))
+        v = _ms(t.get("sem_ms")) if isinstance(t, dict) else None
+        if v is not None:
+            sems.append(v)
     return sum(sems) / len(sems) if sems else 0.0
 
 
@@ -171,9 +192,11 @@ def input_waits(parts: Sequence[RankPart], unprofiled_ms: float | None, wait_ms:
     step in both) and ``WAIT_MIN_SHARE`` of the step."""
     if unprofiled_ms is None or wait_ms is None or not parts:
         return None
+    if wait_ms > unprofiled_ms:  # more waiting than the step lasts: not a figure of these steps
+        return None
     traced = traced_loader_ms(parts)
     extra = wait_ms - traced
-    known = [f for f in floors_ms if f is not None]
+    known = [f for f in floors_ms if f is not None and math.isfinite(f) and f >= 0]
     if extra <= max(noise_ms, 0.0) or len(known) < len(floors_ms) or not known:
         return None
     floor = max(known)
@@ -185,12 +208,15 @@ def input_waits(parts: Sequence[RankPart], unprofiled_ms: float | None, wait_ms:
 
 def input_wait_finding(w: InputWaits, manifest: dict[str, Any]) -> Finding:
     """The finding for :class:`InputWaits`: the waits themselves, from the run's own clock."""
-    timed = [r.get("unprofiled_timing") or {} for r in manifest.get("ranks") or [] if isinstance(r, dict)]
-    timed = [t for t in timed if isinstance(t, dict) and isinstance(t.get("loader_wait_ms"), (int, float))]
-    workers = sorted({t["loader_workers"] for t in timed if isinstance(t.get("loader_workers"), int)})
-    steps = sum(int(t.get("steps") or 0) for t in timed[:1])
-    chunks = [{"steps": c.get("steps"), "ms": c.get("ms"), "loader_wait_ms": c.get("loader_wait_ms")}
-              for c in (timed[0].get("chunks") or [] if timed else []) if isinstance(c, dict)]
+    ranks = manifest.get("ranks")
+    timed: list[dict[str, Any]] = [
+        t for t in (r.get("unprofiled_timing") for r in (ranks if isinstance(ranks, list) else []) if isinstance(r, dict))
+        if isinstance(t, dict) and _ms(t.get("loader_wait_ms")) is not None]
+    workers = sorted({n for n in (_count(t.get("loader_workers")) for t in timed) if n is not None})
+    steps = _count(timed[0].get("steps")) if timed else None  # None: the user's own figures
+    listed = timed[0].get("chunks") if timed else None
+    chunks = [{"steps": c.get("steps"), "ms": _ms(c.get("ms")), "loader_wait_ms": _ms(c.get("loader_wait_ms"))}
+              for c in (listed if isinstance(listed, list) else []) if isinstance(c, dict)]
     ev: dict[str, Any] = {
         "unprofiled_step_ms": round(w.unprofiled_ms, 4),
         "loader_wait_ms_per_step_unprofiled": round(w.wait_ms, 4),
@@ -220,10 +246,13 @@ def input_wait_finding(w: InputWaits, manifest: dict[str, Any]) -> Finding:
                 f"{factor:.1f}x the loader's throughput keeps up. ")
     return Finding(
         id=INPUT_WAIT_ID, category="input_pipeline",
-        title=(f"The training loop waits for its DataLoader: {w.wait_ms:.1f} ms per step over {steps} steps timed "
-               f"without the profiler, where the profiled steps waited {w.traced_ms:.1f} ms"),
+        title=(f"The training loop waits for its DataLoader: {w.wait_ms:.1f} ms per step "
+               + (f"over {steps} steps timed without the profiler" if steps else "without the profiler")
+               + f", where the profiled steps waited {w.traced_ms:.1f} ms"),
         estimated_savings_ms=w.saving_ms, estimated_savings_pct=pct, confidence="medium",
-        recommendation=(pace + "Make batches faster: cheaper per-sample work (decode and augment once offline, or "
+        recommendation=("Fix this first: while the loader sets the pace no other fix shortens the step (the "
+                        "savings of the findings below are priced on the step without these waits). "
+                        + pace + "Make batches faster: cheaper per-sample work (decode and augment once offline, or "
                         "on the GPU: torchvision.transforms.v2 on tensors, DALI), fewer, larger reads (a sharded "
                         "format instead of one file per sample), and more DataLoader workers (`num_workers`, "
                         "`persistent_workers=True`, `prefetch_factor` 2-4) as far as the CPU cores allow: workers "

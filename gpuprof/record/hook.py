@@ -104,7 +104,8 @@ class Recorder:
         self.timing: dict[str, Any] = {}
         self.loaders: weakref.WeakSet[Any] = weakref.WeakSet()
         self.loader_s = 0.0  # host seconds the stepping thread spent inside DataLoader __next__ calls
-        self.loader_seen = False  # whether the stepping thread has iterated a DataLoader
+        self.loader_seen = False  # whether the stepping thread has iterated a DataLoader since its first step
+        self.loader_depth = 0  # DataLoader __next__ calls the stepping thread is inside (nested loaders)
         self.step_tid: int | None = None  # the thread that counts steps (the training loop's)
         self.profiled_from: int | None = None  # the first step the profiler saw  # the process's multi-worker DataLoader iterators
         self.foreign: dict[str, Any] | None = None  # the program's own profiler, once seen
@@ -628,14 +629,18 @@ def _time_loader_waits(state: Recorder, dataloader: Any) -> None:
         return
 
     def next_(self: Any) -> Any:
-        if state.step_tid is not None and threading.get_ident() != state.step_tid:
-            return orig_next(self)  # a prefetching thread's wait is not the loop's
+        # only the stepping thread's calls, from its first step on (a prefetching thread's wait is not
+        # the loop's), and only the outermost (a dataset that iterates another DataLoader in-process)
+        if state.step_tid is None or threading.get_ident() != state.step_tid or state.loader_depth:
+            return orig_next(self)
+        state.loader_depth += 1
         t0 = time.perf_counter()
         try:
-            return orig_next(self)
+            return orig_next(self)  # StopIteration too: an epoch's end (its workers' shutdown) is waited for
         finally:
             state.loader_s += time.perf_counter() - t0
             state.loader_seen = True
+            state.loader_depth -= 1
 
     functools.update_wrapper(next_, orig_next)
     setattr(next_, "_gpuprof_watch", True)
