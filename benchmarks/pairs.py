@@ -33,11 +33,10 @@ def input_wait_ms(name: str) -> float | None:
     """A member kept as a `gpuprof record` run folder: its recorded DataLoader waits per unprofiled
     step (``unprofiled_input_wait_ms``), given with the plain processes' step time as a user gives
     both (``--step-ms``, ``--input-wait-ms``); None for a trace file."""
+    from gpuprof.steptime import recorded_input_wait
+
     m = home(name) / name / "manifest.json"
-    if not m.is_file():
-        return None
-    w = json.loads(m.read_text()).get("unprofiled_input_wait_ms")
-    return float(w) if isinstance(w, (int, float)) else None
+    return recorded_input_wait(None, json.loads(m.read_text())) if m.is_file() else None
 
 
 def trace_path(name: str) -> Path:

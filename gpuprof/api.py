@@ -93,10 +93,8 @@ class Analysis(Result):
         w = self.input_waits
         if w is not None:  # replayed on the step without the DataLoader waits: the program has them
             fixed = steptime.INPUT_WAIT_ID in ids
-            # until the loader keeps up it gives a batch every unprofiled_ms: the step is no shorter
             out = {**out, "before_ms": out["before_ms"] + w.saving_ms,
-                   "step_time_ms": out["step_time_ms"] if fixed else max(out["step_time_ms"] + w.saving_ms,
-                                                                         w.unprofiled_ms),
+                   "step_time_ms": pricing.as_run(out["step_time_ms"], w, fixed),
                    "applied": sorted({*out["applied"], steptime.INPUT_WAIT_ID} if fixed else out["applied"]),
                    "not_applied": [i for i in out["not_applied"] if i != steptime.INPUT_WAIT_ID]}
         return out

@@ -305,10 +305,15 @@ def with_input_waits(figures: dict[str, Any], waits: InputWaits, findings: Seque
     order = [f.id for f in findings]
     if applied:
         ids = sorted([*ids, INPUT_WAIT_ID], key=lambda i: order.index(i) if i in order else len(order))
-    else:  # until the loader keeps up it gives a batch every unprofiled_ms: the step is no shorter
-        after = max(after + waits.saving_ms, waits.unprofiled_ms)
-    return {"projected_step_time_ms": after, "projected_findings": ids,
+    return {"projected_step_time_ms": as_run(after, waits, applied), "projected_findings": ids,
             "projected_from_ms": (before + waits.saving_ms) if before is not None else waits.unprofiled_ms}
+
+
+def as_run(replayed_ms: float, waits: InputWaits, loader_fixed: bool) -> float:
+    """A step replayed on the step without the DataLoader waits (:class:`gpuprof.steptime.InputWaits`)
+    as the program would run it: with the loader's fix, the replay itself; without it, the waits
+    on top and never shorter than the loader's pace (it gives a batch every ``unprofiled_ms``)."""
+    return replayed_ms if loader_fixed else max(replayed_ms + waits.saving_ms, waits.unprofiled_ms)
 
 
 def what_if_rank(p: Plan, ids: Sequence[str]) -> dict[str, Any]:

@@ -57,14 +57,26 @@ def _inside(folder: Path, rel: Any, manifest: Path, fld: str) -> Path:
     return real
 
 
+def manifest_number(v: Any) -> float | None:
+    """A manifest's value as a finite float, else None: manifests are user data, and a string, a
+    boolean, NaN or an integer too large for a float is no number."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if np.isfinite(f) else None
+
+
 def _number(doc: dict[str, Any], key: str, manifest: Path, fld: str, positive: bool = True) -> float | None:
     v = doc.get(key)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(float(v)) \
-            or (positive and not float(v) > 0):
+    f = manifest_number(v)
+    if f is None or (positive and not f > 0):
         raise _bad_field(manifest, fld, "a positive number" if positive else "a number", v)
-    return float(v)
+    return f
 
 
 def _check_manifest(doc: Any, manifest: Path) -> dict[str, Any]:
@@ -103,9 +115,8 @@ def _check_manifest(doc: Any, manifest: Path) -> dict[str, Any]:
 
 
 def _positive(v: Any) -> bool:
-    """A finite number > 0 a float can hold (not a bool, a string, NaN or a 400-digit integer)."""
-    return (isinstance(v, (int, float)) and not isinstance(v, bool) and -1e300 < v < 1e300
-            and bool(np.isfinite(float(v))) and v > 0)
+    f = manifest_number(v)
+    return f is not None and f > 0
 
 
 def _rebuilt_manifest(folder: Path) -> dict[str, Any] | None:
@@ -130,8 +141,9 @@ def _rebuilt_manifest(folder: Path) -> dict[str, Any] | None:
         if not _positive(r.get("unprofiled_step_ms")):
             continue  # the ranks `timed` counts, no other
         w = t.get("loader_wait_ms") if isinstance(t, dict) else None
-        if isinstance(w, (int, float)) and not isinstance(w, bool) and (w == 0 or _positive(w)):
-            waits.append(float(w))
+        f = manifest_number(w)
+        if f is not None and f >= 0:
+            waits.append(f)
     if timed and len(waits) == len(timed):
         doc["unprofiled_input_wait_ms"] = float(np.mean(waits))
     if (folder / "nvml.csv").is_file():

@@ -59,7 +59,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -563,29 +563,38 @@ _PROFILER_ENTRIES = (("torch.profiler", "profile", "start", "torch.profiler.prof
                      ("torch.autograd.profiler_legacy", "profile", "__enter__", "torch.autograd.profiler_legacy.profile"))
 
 
+def _patch(cls: Any, method: str, wrap: Callable[[Any], Any]) -> None:
+    """Replace ``cls.method`` (defined by ``cls`` itself) by ``wrap(original)``, with the original's
+    name and docstring, once: a second install in one process leaves it as it is."""
+    orig = cls.__dict__.get(method)
+    if orig is None or getattr(orig, "_gpuprof_watch", False):
+        return
+    new = wrap(orig)
+    functools.update_wrapper(new, orig)
+    setattr(new, "_gpuprof_watch", True)
+    setattr(cls, method, new)
+
+
 def _watch_profilers(state: Recorder) -> None:
     import importlib
 
     for module, cls_name, method, what in _PROFILER_ENTRIES:
         try:
             cls = getattr(importlib.import_module(module), cls_name)
-            orig = cls.__dict__.get(method)
         except Exception:
             continue
-        if orig is None or getattr(orig, "_gpuprof_watch", False):
-            continue
 
-        def entered(self: Any, *args: Any, _orig: Any = orig, _what: str = what, **kwargs: Any) -> Any:
-            if state.own == 0:
-                try:
-                    state.on_foreign_profiler(_what)
-                except Exception as e:  # never break the program's own profiler
-                    print(f"gpuprof: {e}", file=sys.stderr)
-            return _orig(self, *args, **kwargs)
+        def wrap(orig: Any, _what: str = what) -> Any:
+            def entered(self: Any, *args: Any, **kwargs: Any) -> Any:
+                if state.own == 0:
+                    try:
+                        state.on_foreign_profiler(_what)
+                    except Exception as e:  # never break the program's own profiler
+                        print(f"gpuprof: {e}", file=sys.stderr)
+                return orig(self, *args, **kwargs)
+            return entered
 
-        functools.update_wrapper(entered, orig)
-        setattr(entered, "_gpuprof_watch", True)
-        setattr(cls, method, entered)
+        _patch(cls, method, wrap)
 
 
 def _watch_loaders(state: Recorder) -> None:
@@ -599,52 +608,39 @@ def _watch_loaders(state: Recorder) -> None:
     except Exception:
         return
     _time_loader_waits(state, dataloader)
-    try:
-        cls = dataloader._MultiProcessingDataLoaderIter
-        orig = cls.__dict__["__init__"]
-    except Exception:
-        return
-    if getattr(orig, "_gpuprof_watch", False):
-        return
 
-    def init(self: Any, *args: Any, **kwargs: Any) -> None:
-        orig(self, *args, **kwargs)
-        with contextlib.suppress(Exception):
-            state.loaders.add(self)
+    def wrap(orig: Any) -> Any:
+        def init(self: Any, *args: Any, **kwargs: Any) -> None:
+            orig(self, *args, **kwargs)
+            with contextlib.suppress(Exception):
+                state.loaders.add(self)
+        return init
 
-    functools.update_wrapper(init, orig)
-    setattr(init, "_gpuprof_watch", True)
-    setattr(cls, "__init__", init)
+    with contextlib.suppress(Exception):
+        _patch(dataloader._MultiProcessingDataLoaderIter, "__init__", wrap)
 
 
 def _time_loader_waits(state: Recorder, dataloader: Any) -> None:
     """Add up the time the stepping thread spends inside any DataLoader iterator's ``__next__``
     (``state.loader_s``): the unprofiled window reports it per step (window.py)."""
-    try:
-        base = dataloader._BaseDataLoaderIter
-        orig_next = base.__dict__["__next__"]
-    except Exception:
-        return
-    if getattr(orig_next, "_gpuprof_watch", False):
-        return
+    def wrap(orig: Any) -> Any:
+        def next_(self: Any) -> Any:
+            # only the stepping thread's calls, from its first step on (a prefetching thread's wait is
+            # not the loop's), and only the outermost (a dataset that iterates another DataLoader)
+            if state.step_tid is None or threading.get_ident() != state.step_tid or state.loader_depth:
+                return orig(self)
+            state.loader_depth += 1
+            t0 = time.perf_counter()
+            try:
+                return orig(self)  # StopIteration too: an epoch's end (its workers' shutdown) is waited for
+            finally:
+                state.loader_s += time.perf_counter() - t0
+                state.loader_seen = True
+                state.loader_depth -= 1
+        return next_
 
-    def next_(self: Any) -> Any:
-        # only the stepping thread's calls, from its first step on (a prefetching thread's wait is not
-        # the loop's), and only the outermost (a dataset that iterates another DataLoader in-process)
-        if state.step_tid is None or threading.get_ident() != state.step_tid or state.loader_depth:
-            return orig_next(self)
-        state.loader_depth += 1
-        t0 = time.perf_counter()
-        try:
-            return orig_next(self)  # StopIteration too: an epoch's end (its workers' shutdown) is waited for
-        finally:
-            state.loader_s += time.perf_counter() - t0
-            state.loader_seen = True
-            state.loader_depth -= 1
-
-    functools.update_wrapper(next_, orig_next)
-    setattr(next_, "_gpuprof_watch", True)
-    setattr(base, "__next__", next_)
+    with contextlib.suppress(Exception):
+        _patch(dataloader._BaseDataLoaderIter, "__next__", wrap)
 
 
 def install() -> None:
