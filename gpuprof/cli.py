@@ -206,6 +206,8 @@ def _report(paths: tuple[Path, ...], fmt: str, output: Path | None, force: bool,
             if text is not None:
                 _emit(text, output, force, _inputs(paths))
                 return
+        if output is not None:  # a refused -o is said before the analysis, not after it
+            files.check_target(output, force, _inputs(paths))
         if sys.stderr.isatty():
             click.echo(f"gpuprof: analysing {len(paths)} path(s)…", err=True)
         analysis = gpuprof.analyze(list(paths), gpu=gpu, gpu_spec=str(gpu_spec) if gpu_spec else None,
@@ -392,6 +394,8 @@ def diff(before: Path, after: Path, fmt: str, output: Path | None, force: bool, 
     from gpuprof.reports.diff import render_diff_html, render_diff_text
 
     try:
+        if output is not None:
+            files.check_target(output, force, _inputs((before, after)))
         first = gpuprof.analyze(before, gpu=gpu, step_ms=step_ms_before)
         second = gpuprof.analyze(after, gpu=gpu, step_ms=step_ms_after)
         inputs = _inputs((before, after), first)

@@ -311,6 +311,31 @@ def _mode_for(path: Path) -> int:
     return 0o666 & ~mask
 
 
+def check_target(path: Path, force: bool = False, inputs: Inputs | None = None,
+                 what: str = "the input") -> None:
+    """What :func:`write_new` refuses before it writes anything, asked alone: a command calls it
+    before its work, so that a refused ``-o`` costs nothing (``write_new`` asks again when it
+    writes)."""
+    from gpuprof.errors import UsageError
+
+    if inputs is not None and inputs.holds(path):
+        raise UsageError(f"is {what}; gpuprof never writes over what it reads", str(path))
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or e.__class__.__name__
+        raise UsageError(f"cannot write ({reason})", str(path)) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise UsageError("is a folder; -o takes a file path", str(path))
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+        raise UsageError(f"is {_kind(st.st_mode)}, not a regular file; gpuprof only ever replaces regular "
+                         "files", str(path))
+    if not force:
+        raise UsageError("exists; choose another -o path or pass --force to replace it", str(path))
+
+
 def write_new(path: Path, data: bytes, force: bool = False, inputs: Inputs | None = None,
               what: str = "the input") -> None:
     """Write ``data`` to ``path`` as a new file. Refused, with one line naming the path
@@ -322,23 +347,7 @@ def write_new(path: Path, data: bytes, force: bool = False, inputs: Inputs | Non
     create), so nothing that appears meanwhile is replaced."""
     from gpuprof.errors import UsageError
 
-    if inputs is not None and inputs.holds(path):
-        raise UsageError(f"is {what}; gpuprof never writes over what it reads", str(path))
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        st = None
-    except (OSError, ValueError) as e:
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or e.__class__.__name__
-        raise UsageError(f"cannot write ({reason})", str(path)) from None
-    if st is not None:
-        if stat.S_ISDIR(st.st_mode):
-            raise UsageError("is a folder; -o takes a file path", str(path))
-        if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
-            raise UsageError(f"is {_kind(st.st_mode)}, not a regular file; gpuprof only ever replaces regular "
-                             "files", str(path))
-        if not force:
-            raise UsageError("exists; choose another -o path or pass --force to replace it", str(path))
+    check_target(path, force, inputs, what)
     tmp: str | None = None
     reserved = False
     try:

@@ -169,3 +169,20 @@ def test_reports_started_together_take_distinct_names(tmp_path: Path) -> None:
     assert written == [f"gpuprof-report-{n}.html" for n in range(1, 5)], errs
     assert (tmp_path / "gpuprof-report.html").is_symlink() and not (tmp_path / "nowhere").exists()
     assert all("<html" in (tmp_path / w).read_text()[:2000].lower() for w in written)
+
+
+def test_a_refused_output_is_said_before_the_analysis(tmp_path: Path) -> None:
+    """`report -o` and `diff -o` naming a file that exists (no --force), or a folder, are refused
+    before the traces are read: the input here is not a trace at all, so an analysis run first
+    would fail on it instead (a real sample checks that it would)."""
+    garbage = tmp_path / "not_a_trace.json"
+    garbage.write_text("{ this is not json")
+    out = tmp_path / "report.json"
+    out.write_text("the user's own file\n")
+    refused(cli("report", str(garbage), "--format", "json", "-o", str(out), "--no-cache"), "report.json", "exists")
+    refused(cli("report", str(garbage), "--format", "json", "-o", str(tmp_path), "--no-cache"), "is a folder")
+    refused(cli("diff", str(garbage), str(garbage), "--format", "json", "-o", str(out)), "report.json", "exists")
+    assert out.read_text() == "the user's own file\n"
+    fresh = cli("report", str(garbage), "--format", "json", "-o", str(tmp_path / "new.json"), "--no-cache")
+    assert fresh.returncode != 0 and "not_a_trace.json" in fresh.stderr, fresh.stderr
+    assert not (tmp_path / "new.json").exists()
