@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from gpuprof.rank import RankResult
+from gpuprof.trace.names import text_values
 
 #: How many collectives one rank's recorded sequence of a group may start before or after another's.
 MAX_SHIFT = 8
@@ -64,29 +65,44 @@ def collective_table(r: RankResult) -> pd.DataFrame:
     t = r.trace
     k = t.kernels
     is_comm = k["is_comm"].to_numpy(dtype=bool)
-    # the columns read below: a row filter of the whole frame would copy every column
-    cols = [c for c in ("ts", "end", "dur", "step", "name", "in_nelems", "collective", "stream", "process_group",
-                        "coll_seq") if c in k]
-    comm = k.loc[is_comm & (k["step"] >= 0).to_numpy(), cols].sort_values("ts")
-    if comm.empty:
+    step_of = k["step"].to_numpy()
+    sel = np.flatnonzero(is_comm & (step_of >= 0))
+    if not len(sel):
         return pd.DataFrame(columns=COLLECTIVE_COLUMNS)
-    compute = k.loc[~is_comm, ["ts", "end"]]
-    exposed = comm["dur"].to_numpy() - _covered(compute, comm["ts"].to_numpy(), comm["end"].to_numpy())
+    # the columns read below, as arrays of the selected rows: a row filter of the whole frame would
+    # copy every column
+    ts_all, end_all = k["ts"].to_numpy(), k["end"].to_numpy()
+    sel = sel[np.argsort(ts_all[sel], kind="quicksort")]  # as ``sort_values("ts")``
+    ts, end, dur = ts_all[sel], end_all[sel], k["dur"].to_numpy()[sel]
+    steps = step_of[sel]
+    other = ~is_comm
+    compute = pd.DataFrame({"ts": ts_all[other], "end": end_all[other]})
+    exposed = dur - _covered(compute, ts, end)
     # How long before the collective ended was the next non-collective GPU work launched?
-    work = pd.concat([k.loc[~is_comm, ["ts", "launch_ts"]], t.memcpys[["ts", "launch_ts"]]]).sort_values("ts")
-    j = np.searchsorted(work["ts"].to_numpy(), comm["end"].to_numpy())
-    nxt = np.where(j < len(work), work["launch_ts"].to_numpy()[np.minimum(j, len(work) - 1)], np.nan)
-    queued_for = np.nan_to_num(comm["end"].to_numpy() - nxt, nan=np.inf)  # no launch record: queued earlier
+    work_ts = np.concatenate([ts_all[other], t.memcpys["ts"].to_numpy()])
+    work_launch = np.concatenate([k["launch_ts"].to_numpy()[other], t.memcpys["launch_ts"].to_numpy()])
+    o = np.argsort(work_ts, kind="quicksort")  # as ``sort_values("ts")``
+    work_ts, work_launch = work_ts[o], work_launch[o]
+    j = np.searchsorted(work_ts, end)
+    nxt = np.where(j < len(work_ts), work_launch[np.minimum(j, len(work_ts) - 1)], np.nan)
+    queued_for = np.nan_to_num(end - nxt, nan=np.inf)  # no launch record: queued earlier
     queued_for = np.clip(queued_for, 0.0, None)
-    seq = comm["coll_seq"].to_numpy(dtype=float) if "coll_seq" in comm else np.full(len(comm), np.nan)
-    step_no = t.steps["step"].to_numpy()[comm["step"].to_numpy()]
+    seq = k["coll_seq"].to_numpy(dtype=float)[sel] if "coll_seq" in k else np.full(len(sel), np.nan)
+    step_no = t.steps["step"].to_numpy()[steps]
+    # order within the step (``groupby("step").cumcount()``)
+    by_step = np.argsort(steps, kind="stable")
+    first = np.r_[True, steps[by_step][1:] != steps[by_step][:-1]]
+    run_start = np.maximum.accumulate(np.where(first, np.arange(len(sel)), 0))
+    i = np.empty(len(sel), dtype=np.int64)
+    i[by_step] = np.arange(len(sel)) - run_start
+    rows = k.index[sel]
     return pd.DataFrame({
-        "rank": t.meta.rank, "row": comm.index, "step": step_no, "i": comm.groupby("step").cumcount().to_numpy(),
-        "name": comm["name"].astype(str).to_numpy(), "ts": comm["ts"].to_numpy(), "dur": comm["dur"].to_numpy(),
-        "exposed": np.maximum(exposed, 0.0), "abs_ts": comm["ts"].to_numpy() + t.meta.t0_epoch_ns / 1000.0,
-        "nelems": comm["in_nelems"].to_numpy(), "collective": comm["collective"].astype(object).to_numpy(),
-        "queued_for": queued_for, "stream": comm["stream"].to_numpy(),
-        "pg": labels(comm["process_group"]) if "process_group" in comm else "",
+        "rank": t.meta.rank, "row": rows, "step": step_no, "i": i,
+        "name": text_values(k["name"])[sel], "ts": ts, "dur": dur,
+        "exposed": np.maximum(exposed, 0.0), "abs_ts": ts + t.meta.t0_epoch_ns / 1000.0,
+        "nelems": k["in_nelems"].to_numpy()[sel], "collective": k["collective"].astype(object).to_numpy()[sel],
+        "queued_for": queued_for, "stream": k["stream"].to_numpy()[sel],
+        "pg": labels(k["process_group"], sel) if "process_group" in k else "",
         "seq": np.where(seq >= 0, seq, np.nan),
     })
 
