@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 def run(v: RankView) -> list[Candidate]:
     out: list[Candidate] = []
-    g = v.gaps[v.gaps["cause"] == "alloc"] if len(v.gaps) else v.gaps
+    g = v.gaps_of("alloc")
     if g.empty or graph_capture_calls(v.trace):  # capture allocates the graph pool: not churn
         return out
     t = v.trace

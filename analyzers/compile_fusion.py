@@ -160,7 +160,8 @@ def _split_kernels(ops: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
 def _runs(v: RankView) -> pd.DataFrame:
     """The fusible kernels of one rank in runs (column ``run``) of ``MIN_RUN`` or more, with the
     iteration space of each (``numel``) and the roofline time used for fusion (``t_fuse_us``)."""
-    k = v.kernels.sort_values(["device", "stream", "ts"], kind="stable")
+    k = v.in_stream_order(("device", "stream", "ts", "step", "op", "op_name", "family", "bound", "dur", "t_roof_us",
+                           "model_error", "issue_bound", "is_comm", "in_graph", "launch_api"))
     if k.empty:
         none: pd.DataFrame = k.assign(run=pd.Series(dtype=np.int64), numel=pd.Series(dtype=np.float64),
                                       t_fuse_us=pd.Series(dtype=np.float64))

@@ -72,9 +72,14 @@ def casts(v: RankView, k: pd.DataFrame) -> np.ndarray:
     return out
 
 
+#: The kernel columns :func:`run` reads (and :func:`casts`, :func:`first_numel`, ``top_names``).
+_READ = ("device", "stream", "ts", "step", "name", "op", "op_name", "family", "bound", "dur", "t_roof_us",
+         "model_error", "issue_bound")
+
+
 def run(v: RankView) -> list[Candidate]:
     out: list[Candidate] = []
-    k = v.kernels.sort_values(["device", "stream", "ts"], kind="stable")
+    k = v.in_stream_order(_READ)
     if k.empty:
         return out
     # A kernel that ran above its HBM roofline (roofline.MODEL_ERROR_PCT: data already in L2)

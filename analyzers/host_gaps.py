@@ -39,8 +39,7 @@ from gpuprof.rank import RankView
 
 
 def _gaps(v: RankView, cause: str) -> pd.DataFrame:
-    g: pd.DataFrame = v.gaps
-    return g[g["cause"] == cause] if len(g) else g
+    return v.gaps_of(cause)
 
 
 def _common(v: RankView, g: pd.DataFrame) -> dict[str, Any]:

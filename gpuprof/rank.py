@@ -4,7 +4,7 @@ the view every analyzer reads (:class:`RankView`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -108,6 +108,8 @@ class RankView:
                 budget = max(0.0, budget - real_dur[m].sum())
         self.gaps = g.assign(events=n, real_dur=real_dur)
         self._update_loops: pd.DataFrame | None = None
+        self._stream_order: np.ndarray | None = None
+        self._gaps_of: dict[str, pd.DataFrame] = {}
 
     def optimizer_spans(self, zero_grad: bool = False) -> pd.DataFrame:
         """:func:`gpuprof.idle.optimizer_spans` of the rank's trace, read once per view: the
@@ -115,6 +117,26 @@ class RankView:
         if zero_grad not in self._optimizer_spans:
             self._optimizer_spans[zero_grad] = optimizer_spans(self.trace, zero_grad=zero_grad)
         return self._optimizer_spans[zero_grad]
+
+    def gaps_of(self, cause: str) -> pd.DataFrame:
+        """The idle gaps of one cause (``gaps[gaps["cause"] == cause]``), filtered once per view:
+        several analyzers ask for each. Read-only, like the gaps."""
+        if cause not in self._gaps_of:
+            g = self.gaps
+            self._gaps_of[cause] = g[g["cause"] == cause] if len(g) else g
+        return self._gaps_of[cause]
+
+    def in_stream_order(self, columns: Sequence[str]) -> pd.DataFrame:
+        """``columns`` of the view's kernels (those it has) ordered by device, stream and start, as
+        ``kernels.sort_values(["device", "stream", "ts"], kind="stable")`` orders them: the order
+        found once per view, and only the columns a caller reads taken (the fusion analyzers sort
+        the 53-column frame otherwise, and filter it twice more)."""
+        k = self.kernels
+        if self._stream_order is None:
+            keys = pd.DataFrame({"device": k["device"].to_numpy(), "stream": k["stream"].to_numpy(),
+                                 "ts": k["ts"].to_numpy(), "pos": np.arange(len(k))})
+            self._stream_order = keys.sort_values(["device", "stream", "ts"], kind="stable")["pos"].to_numpy()
+        return k[[c for c in columns if c in k.columns]].take(self._stream_order)
 
     def update_loops(self) -> pd.DataFrame:
         """:func:`gpuprof.hostops.update_loops` of the rank's trace, read once per view. Read-only."""

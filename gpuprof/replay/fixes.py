@@ -575,12 +575,20 @@ def _gap_fix(g: Graph, v: RankView, category: str, gi: np.ndarray, saved: np.nda
     i = g.ranks.index(v.rank)
 
     def held_calls() -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...], np.ndarray, np.ndarray]:
-        gp = v.gaps.loc[gi]
-        real = gp["real_dur"].to_numpy(dtype=float)
+        gaps = v.gaps
+        at = gaps.index.get_indexer(pd.Index(gi))  # by position: the columns read below, not a copy of every one
+        if (at < 0).any():
+            raise KeyError(f"gaps {gi[at < 0][:5].tolist()} are not this rank's")
+
+        def col(c: str) -> np.ndarray:
+            out: np.ndarray = gaps[c].to_numpy()[at]
+            return out
+
+        real = col("real_dur").astype(float)
         share = np.clip(saved / np.maximum(real, 1e-9), 0.0, 1.0)
-        lo = gp["start"].to_numpy(dtype=float)
-        nl = gp["next_launch_ts"].to_numpy(dtype=float)
-        hi = np.where(np.isfinite(nl) & (nl > lo), nl, gp["end"].to_numpy(dtype=float))
+        lo = col("start").astype(float)
+        nl = col("next_launch_ts").astype(float)
+        hi = np.where(np.isfinite(nl) & (nl > lo), nl, col("end").astype(float))
         mine = np.flatnonzero(g.h_rank == i)
         ts = g.h_ts[mine] - g.rank_offset_us[i]
         end = g.h_end[mine] - g.rank_offset_us[i]
@@ -595,8 +603,8 @@ def _gap_fix(g: Graph, v: RankView, category: str, gi: np.ndarray, saved: np.nda
         factor[mine[inside]] = 1.0 - share[k[inside]]
         # the call the host sat in for most of the gap (a 463 ms blocking copy), even when it began
         # after the work that ended the gap was launched: its own span is the stall
-        cr, cu = gp["call_row"].to_numpy()[o], gp["call_us"].to_numpy(dtype=float)[o]
-        held = (cr >= 0) & (cu >= 0.5 * gp["dur"].to_numpy(dtype=float)[o])
+        cr, cu = col("call_row")[o], col("call_us").astype(float)[o]
+        held = (cr >= 0) & (cu >= 0.5 * col("dur").astype(float)[o])
         if held.any():
             rows_share = pd.Series(share[held], index=cr[held].astype(np.int64))
             rows_share = rows_share.groupby(level=0).max()
@@ -607,11 +615,12 @@ def _gap_fix(g: Graph, v: RankView, category: str, gi: np.ndarray, saved: np.nda
         # host was stalled (a stream blocked by a synchronous copy), starts as the host comes back
         ending = np.zeros(g.n_acts, dtype=bool)
         f_act = np.ones(g.n_acts)
+        next_kind, next_row = col("next_kind"), col("next_row")
         for kind in ("kernel", "memcpy"):
-            m = (gp["next_kind"] == kind).to_numpy()[o]
+            m = (next_kind == kind)[o]
             if m.any():
-                sel = tf.activities_of(g, v.rank, kind, gp["next_row"].to_numpy()[o][m].astype(np.int64))
-                row_share = pd.Series(share[m], index=gp["next_row"].to_numpy()[o][m].astype(np.int64))
+                sel = tf.activities_of(g, v.rank, kind, next_row[o][m].astype(np.int64))
+                row_share = pd.Series(share[m], index=next_row[o][m].astype(np.int64))
                 row_share = row_share[~row_share.index.duplicated()]
                 ending |= sel
                 f_act[sel] = 1.0 - row_share.reindex(g.a_row[sel]).fillna(0.0).to_numpy()
