@@ -112,7 +112,8 @@ class Result:
         w = self.input_waits
         if w is not None:
             out["input_wait"] = {"loader_wait_ms_per_step": w.wait_ms, "traced_loader_ms_per_step": w.traced_ms,
-                                 "typical_step_time_ms": w.typical_ms, "host_free_step_ms": w.floor_ms}
+                                 "typical_step_time_ms": w.typical_ms, "host_free_step_ms": w.floor_ms,
+                                 **({"rank": w.rank} if w.rank is not None else {})}
         if len(s) > 1:
             out["per_rank"] = [{"rank": p.rank, "step_time_ms": p.summary.step_time_ms,
                                 "gpu_busy_pct": p.summary.gpu_busy_pct,

@@ -274,6 +274,8 @@ def rank_job(job: Job, part: RankPart, active: Sequence[str], cross: Sequence[Cr
         outcome = analyse_rank(RankView(r, spec), part, [a for a in REGISTRY if a.name in active], cross, alone,
                                graph.graph if graph is not None else None)
         made.append(outcome)
+        if not job.cache:  # no results cache to file it in (job_key is None): the outcome as made is all
+            return None, None  # type: ignore[return-value]
         content = r.trace.meta.content_key
         record: OutcomeRecord = (outcome.contributions, to_records(outcome.claims), outcome.replay_ms,
                                  outcome.figures)
@@ -298,14 +300,20 @@ def host_free_job(job: Job, store: Store | None = None) -> float | None:
     from gpuprof.replay.fixes import host_free
     from gpuprof.replay.graph import build
 
-    r, _ = load_rank(job, store=store)
-    t = r.trace
-    if not len(t.runtime) or not (len(t.kernels) + len(t.memcpys)):
-        return None
-    try:
-        return float(steady_ms(host_free(build([t]))))
-    except GpuprofError:
-        return None
+    def compute() -> tuple[float | None, str | None]:
+        r, _ = load_rank(job, store=store)
+        t = r.trace
+        if not len(t.runtime) or not (len(t.kernels) + len(t.memcpys)):
+            return None, None
+        try:
+            return float(steady_ms(host_free(build([t])))), t.meta.content_key
+        except GpuprofError:
+            return None, None
+
+    # filed in the results cache: a run folder with such waits is not replayed again on each report
+    out: float | None = cached(job, job_key(job, "host_free"), compute, float,
+                               lambda content: job_key(job, "host_free", content=content))
+    return out
 
 
 def graph_job(job: Job, store: Store | None = None) -> RankGraph:

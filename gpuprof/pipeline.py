@@ -35,8 +35,8 @@ from gpuprof.parts import RankPart
 from gpuprof.rank import RankView
 from gpuprof.runfolder import list_traces, rank_samples, run_nvml
 from gpuprof.specs import resolve
-from gpuprof.steptime import (INPUT_WAIT_ID, InputWaits, impossible, input_wait_finding, input_waits, traced_loader_ms,
-                              with_unprofiled_step, without_unprofiled_step)
+from gpuprof.steptime import (INPUT_WAIT_ID, InputWaits, impossible, input_wait_finding, input_waits,
+                              recorded_waits_by_rank, waits_beyond, with_unprofiled_step, without_unprofiled_step)
 from gpuprof.trace.model import TraceMeta
 
 
@@ -106,9 +106,17 @@ def _analyse(ex: Executor, jobs: list[Job], gpu: str | None, gpu_spec: str | Non
         unprofiled_step_ms = None
     waits = None
     if input_wait_ms is not None and unprofiled_step_ms is not None:
-        beyond = input_wait_ms - traced_loader_ms(parts) > max(input_wait_noise_ms, 0.0)
-        floors = ex.map(host_free_job, jobs, stage="replayed") if beyond else []  # the graphs only where it may pay
-        waits = input_waits(parts, unprofiled_step_ms, input_wait_ms, floors, input_wait_noise_ms)
+        by_rank = {} if input_wait_given else recorded_waits_by_rank(manifest)
+        wait, traced, _ = waits_beyond(parts, input_wait_ms, by_rank)
+        beyond = wait - traced > max(input_wait_noise_ms, 0.0)
+        floors: list[float | None] = []  # the graphs only where it may pay
+        if beyond and len(jobs) == 1:
+            floors = ex.map(host_free_job, jobs, stage="replayed")
+        elif beyond:  # ranks wait for each other: the job's least step is its joined graph's
+            from gpuprof.replay.job import host_free_ms
+
+            floors = [host_free_ms(ex.map(graph_job, jobs, stage="replayed"))]
+        waits = input_waits(parts, unprofiled_step_ms, input_wait_ms, floors, input_wait_noise_ms, by_rank)
     if waits is not None:  # every fix is priced on the step the profiled steps stand for
         unprofiled_step_ms = waits.typical_ms
         parts = tuple(with_unprofiled_step(p, unprofiled_step_ms) for p in parts)
@@ -145,16 +153,14 @@ def _analyse(ex: Executor, jobs: list[Job], gpu: str | None, gpu_spec: str | Non
     if alone:
         figures = {"replay_step_time_ms": outcomes[0].replay_ms,
                    **(outcomes[0].figures or pricing.projection(None, fixes))}
-        if waits is not None:
-            figures.update(pricing.with_input_waits(figures, waits, fixes))
     else:
         replayed = [o.replay_ms for o in outcomes]
         ok = [x for x in replayed if x is not None]
         figures = {"replay_step_time_ms": float(np.mean(ok)) if ok and len(ok) == len(replayed) else None,
                    **_job_projection(jobs, parts, outcomes, fixes, frames, job_cost[0],
                                      built[0] if all(p.unprofiled_step_ms == unprofiled_step_ms for p in parts) else None)}
-        if waits is not None:
-            figures.update(pricing.with_input_waits(figures, waits, fixes))
+    if waits is not None:  # the projection as the program runs, with its waits
+        figures.update(pricing.with_input_waits(figures, waits, fixes))
     return Result(parts=parts, spec=spec, findings=tuple(fixes), notes=tuple(notes), skipped=tuple(skipped),
                   run=manifest, jobs=tuple(jobs), frames=frames, claims=tuple(o.claims for o in outcomes),
                   replay_step_time_ms=figures.pop("replay_step_time_ms"), projection=figures,

@@ -16,6 +16,7 @@ from typing import Any
 from gpuprof.errors import UsageError
 from gpuprof.findings import Finding
 from gpuprof.parts import RankPart
+from gpuprof.runfolder import manifest_number
 
 #: How far below the traced GPU work per step an unprofiled step time may be before it is
 #: impossible: kernel times under the profiler run a little long (a CUDA graph replay of 0.42 ms of
@@ -120,8 +121,12 @@ class InputWaits:
     unprofiled_ms: float  # the program's mean step without the profiler (the run's figure)
     wait_ms: float  # per step, the loop's time inside DataLoader ``__next__`` over the same steps
     traced_ms: float  # per profiled step, inside DataLoader spans of the trace (mean over ranks)
-    floor_ms: float  # the least step the traced GPU work allows (host-free replay, slowest rank)
+    floor_ms: float  # the least step the traced GPU work allows (host-free replay; several ranks: of the job)
     typical_ms: float  # the step the analysis prices every other fix on
+    #: Several ranks, each with its own recorded waits: the rank whose waits the trace missed most,
+    #: whose ``wait_ms`` and ``traced_ms`` these are (one rank's stall holds every rank up at the
+    #: next collective); None for one rank, or a figure for the whole job (``--input-wait-ms``)
+    rank: int | None = None
 
     @property
     def saving_ms(self) -> float:
@@ -144,15 +149,9 @@ def recorded_input_wait(step_ms: float | None, manifest: dict[str, Any], given: 
 
 
 def _ms(v: Any) -> float | None:
-    """A manifest's figure as a finite float >= 0, else None (strings, booleans, NaN, negatives and
-    integers too large for a float are not figures)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    try:
-        f = float(v)
-    except OverflowError:
-        return None
-    return f if math.isfinite(f) and f >= 0 else None
+    """A manifest's figure in ms: a number (:func:`gpuprof.runfolder.manifest_number`) >= 0, else None."""
+    f = manifest_number(v)
+    return f if f is not None and f >= 0 else None
 
 
 def _count(v: Any) -> int | None:
@@ -183,18 +182,52 @@ def traced_loader_ms(parts: Sequence[RankPart]) -> float:
     return sum(p.loader_us_per_step for p in parts) / len(parts) / 1000.0 if parts else 0.0
 
 
+def recorded_waits_by_rank(manifest: dict[str, Any]) -> dict[int, float]:
+    """Each rank's DataLoader waits per unprofiled step, by rank (``ranks[].rank`` and
+    ``ranks[].unprofiled_timing.loader_wait_ms``); empty unless every rank that was timed recorded
+    one under a rank number of its own (the job's mean is used then)."""
+    ranks = manifest.get("ranks")
+    out: dict[int, float] = {}
+    for r in ranks if isinstance(ranks, list) else []:
+        if not isinstance(r, dict) or not isinstance(r.get("unprofiled_timing"), dict):
+            continue
+        n, w = r.get("rank"), _ms(r["unprofiled_timing"].get("loader_wait_ms"))
+        if not isinstance(n, int) or isinstance(n, bool) or w is None or n in out:
+            return {}
+        out[n] = w
+    return out
+
+
+def waits_beyond(parts: Sequence[RankPart], wait_ms: float,
+                 by_rank: dict[int, float] | None = None) -> tuple[float, float, int | None]:
+    """The recorded waits per step the profiled steps did not show: ``(waits, traced, rank)``.
+    One rank, or no figure of each rank's (``by_rank``, :func:`recorded_waits_by_rank`, for the
+    ranks of ``parts`` exactly): the job's ``wait_ms`` against the traced loader time, mean over
+    ranks, and rank None. Several ranks each with its own: the rank whose waits the trace missed
+    most, with its own figures. Ranks that step together wait for the slowest at the next
+    collective, so a stall on one rank is a stall of the job: the mean over ranks would spread it
+    thin (one of 8 ranks waiting 8 ms a step is the job waiting 8 ms, not 1)."""
+    if len(parts) > 1 and by_rank and set(by_rank) == {p.rank for p in parts}:
+        extra = {p.rank: (by_rank[p.rank], p.loader_us_per_step / 1000.0) for p in parts}
+        worst = max(sorted(extra), key=lambda r: extra[r][0] - extra[r][1])
+        return extra[worst][0], extra[worst][1], worst
+    return wait_ms, traced_loader_ms(parts), None
+
+
 def input_waits(parts: Sequence[RankPart], unprofiled_ms: float | None, wait_ms: float | None,
-                floors_ms: Sequence[float | None], noise_ms: float = 0.0) -> InputWaits | None:
-    """The waits the profiled steps missed (:class:`InputWaits`), or None: no recorded wait, no
-    unprofiled step, no graph to bound them by (``floors_ms``: each rank's host-free replayed step,
-    None where it has none), or no more waiting than the trace shows by more than the step's own
-    noise (``noise_ms``: :func:`recorded_step_sem`; a 2-worker loader that keeps up waits 0.1 ms a
-    step in both) and ``WAIT_MIN_SHARE`` of the step."""
+                floors_ms: Sequence[float | None], noise_ms: float = 0.0,
+                by_rank: dict[int, float] | None = None) -> InputWaits | None:
+    """The waits the profiled steps missed (:class:`InputWaits`; several ranks: on the rank that
+    missed most, :func:`waits_beyond`), or None: no recorded wait, no unprofiled step, no graph to
+    bound them by (``floors_ms``: each rank's host-free replayed step, None where it has none), or
+    no more waiting than the trace shows by more than the step's own noise (``noise_ms``:
+    :func:`recorded_step_sem`; a 2-worker loader that keeps up waits 0.1 ms a step in both) and
+    ``WAIT_MIN_SHARE`` of the step."""
     if unprofiled_ms is None or wait_ms is None or not parts:
         return None
+    wait_ms, traced, rank = waits_beyond(parts, wait_ms, by_rank)
     if wait_ms > unprofiled_ms:  # more waiting than the step lasts: not a figure of these steps
         return None
-    traced = traced_loader_ms(parts)
     extra = wait_ms - traced
     known = [f for f in floors_ms if f is not None and math.isfinite(f) and f >= 0]
     if extra <= max(noise_ms, 0.0) or len(known) < len(floors_ms) or not known:
@@ -203,14 +236,15 @@ def input_waits(parts: Sequence[RankPart], unprofiled_ms: float | None, wait_ms:
     typical = max(unprofiled_ms - extra, floor)
     if unprofiled_ms - typical < WAIT_MIN_SHARE * unprofiled_ms:
         return None
-    return InputWaits(unprofiled_ms, wait_ms, traced, floor, typical)
+    return InputWaits(unprofiled_ms, wait_ms, traced, floor, typical, rank)
 
 
 def input_wait_finding(w: InputWaits, manifest: dict[str, Any]) -> Finding:
     """The finding for :class:`InputWaits`: the waits themselves, from the run's own clock."""
     ranks = manifest.get("ranks")
     timed: list[dict[str, Any]] = [
-        t for t in (r.get("unprofiled_timing") for r in (ranks if isinstance(ranks, list) else []) if isinstance(r, dict))
+        t for t in (r.get("unprofiled_timing") for r in (ranks if isinstance(ranks, list) else [])
+                    if isinstance(r, dict) and (w.rank is None or r.get("rank") == w.rank))
         if isinstance(t, dict) and _ms(t.get("loader_wait_ms")) is not None]
     workers = sorted({n for n in (_count(t.get("loader_workers")) for t in timed) if n is not None})
     steps = _count(timed[0].get("steps")) if timed else None  # None: the user's own figures
@@ -223,6 +257,8 @@ def input_wait_finding(w: InputWaits, manifest: dict[str, Any]) -> Finding:
         "loader_ms_per_step_traced": round(w.traced_ms, 4),
         "typical_step_ms": round(w.typical_ms, 4),
         "host_free_step_ms": round(w.floor_ms, 4),
+        **({"rank": w.rank, "ranks": "the rank whose waits the profiled steps missed most: ranks that step "
+                                     "together wait for it at the next collective"} if w.rank is not None else {}),
         "timed_steps": steps,
         "loader_workers": workers[0] if len(workers) == 1 else (workers or None),
         "chunks": chunks,
@@ -246,7 +282,8 @@ def input_wait_finding(w: InputWaits, manifest: dict[str, Any]) -> Finding:
                 f"{factor:.1f}x the loader's throughput keeps up. ")
     return Finding(
         id=INPUT_WAIT_ID, category="input_pipeline",
-        title=(f"The training loop waits for its DataLoader: {w.wait_ms:.1f} ms per step "
+        title=(f"The training loop waits for its DataLoader"
+               + (f" on rank {w.rank}" if w.rank is not None else "") + f": {w.wait_ms:.1f} ms per step "
                + (f"over {steps} steps timed without the profiler" if steps else "without the profiler")
                + f", where the profiled steps waited {w.traced_ms:.1f} ms"),
         estimated_savings_ms=w.saving_ms, estimated_savings_pct=pct, confidence="medium",

@@ -209,7 +209,8 @@ def render_text(doc: dict[str, Any], color: bool = False, top: int = 10, width: 
     lines.append(_step_line(s, bold))
     wait = s.get("input_wait")
     if wait:  # the DataLoader waits the profiled steps missed: the fixes are priced without them
-        lines += _wrap(f"of it {_num(wait['loader_wait_ms_per_step'], '{:.2f} ms')} waiting for the DataLoader; "
+        on = f" on rank {_safe(str(wait['rank']))}" if wait.get("rank") is not None else ""
+        lines += _wrap(f"of it {_num(wait['loader_wait_ms_per_step'], '{:.2f} ms')} waiting for the DataLoader{on}; "
                        f"{_num(wait['typical_step_time_ms'], '{:.2f} ms')} without the waits the profiled steps "
                        "missed, which the fixes below are priced on", w, "  ", "  ")
     lines.append(mfu)

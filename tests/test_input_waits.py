@@ -172,3 +172,107 @@ def test_waits_without_a_step_time_are_refused(tmp_path: Path) -> None:
     a = analyze(RUN, step_ms=23.0, input_wait_ms=5.0, cache=False)
     f = next(x for x in a.findings if x.id == INPUT_WAIT_ID)
     assert "steps timed" not in f.title and f.evidence["chunks"] == []
+
+
+def test_a_step_time_too_large_for_a_float_is_a_one_line_error(tmp_path: Path) -> None:
+    """The manifest's numbers go through one reader (runfolder.manifest_number): a 400-digit
+    integer step time was an OverflowError traceback."""
+    out = _with_wait(tmp_path, None)
+    m = json.loads((out / "manifest.json").read_text())
+    m["unprofiled_step_ms"] = 10 ** 400
+    (out / "manifest.json").write_text(json.dumps(m))
+    r = CliRunner().invoke(main, ["report", str(out), "--format", "json", "--no-cache"])
+    assert r.exit_code != 0 and "'unprofiled_step_ms' must be a positive number" in r.output
+    assert "Traceback" not in r.output and "OverflowError" not in r.output
+
+
+DDP = Path(__file__).resolve().parents[1] / "sample_traces" / "h200" / "run_ddp2_slow"
+
+
+def _ddp_with_waits(tmp: Path, per_rank: dict[int, float] | None, mean: float | None) -> Path:
+    """The real 2-rank DDP run folder with SYNTHETIC DataLoader waits written into a copy of its
+    manifest (it was recorded before the recorder timed them): ``per_rank`` into each rank's
+    timing, ``mean`` as the run's figure."""
+    out = tmp / f"ddp_{len(list(tmp.iterdir()))}"
+    shutil.copytree(DDP, out)
+    m = json.loads((out / "manifest.json").read_text())
+    for r in m["ranks"]:  # (this older manifest has no per-rank timing record: one is added)
+        timing = r.setdefault("unprofiled_timing", {})
+        timing.pop("loader_wait_ms", None)
+        if per_rank is not None and r.get("rank") in per_rank:
+            timing["loader_wait_ms"] = per_rank[r["rank"]]
+    m.pop("unprofiled_input_wait_ms", None)
+    if mean is not None:
+        m["unprofiled_input_wait_ms"] = mean
+    (out / "manifest.json").write_text(json.dumps(m))
+    return out
+
+
+def test_one_ranks_waits_are_the_jobs(tmp_path: Path) -> None:
+    """Ranks that step together wait at the next collective for the rank whose loader fell behind:
+    its waits are the job's, not the mean over ranks (which spreads them over ranks that did not
+    wait)."""
+    u = json.loads((DDP / "manifest.json").read_text())["unprofiled_step_ms"]
+    a = analyze(_ddp_with_waits(tmp_path, {0: 0.2, 1: 6.0}, 3.1), cache=False)
+    w = a.input_waits
+    assert w is not None and w.rank == 1 and w.wait_ms == pytest.approx(6.0)
+    traced = {p.rank: p.loader_us_per_step / 1000.0 for p in a.parts}
+    assert w.traced_ms == pytest.approx(traced[1])
+    assert w.typical_ms == pytest.approx(max(u - (6.0 - traced[1]), w.floor_ms))
+    f = {x.id: x for x in a.findings}[INPUT_WAIT_ID]
+    assert "on rank 1" in f.title and f.evidence["rank"] == 1
+    assert f.estimated_savings_ms == pytest.approx(u - w.typical_ms)
+    assert a.summary["input_wait"]["rank"] == 1
+    assert "waiting for the DataLoader on rank 1" in a.to_text(width=200).replace("\n", " ")
+    # without each rank's own figure, the run's (a mean over ranks) is the job's, as for one rank
+    m = analyze(_ddp_with_waits(tmp_path, None, 3.1), cache=False).input_waits
+    assert m is not None and m.rank is None and m.wait_ms == pytest.approx(3.1)
+    assert m.traced_ms == pytest.approx(sum(traced.values()) / 2)
+    assert m.saving_ms < w.saving_ms
+    # the user's own figure (--input-wait-ms) is the job's, whatever the ranks recorded
+    given = analyze(_ddp_with_waits(tmp_path, {0: 0.2, 1: 6.0}, 3.1), step_ms=u, input_wait_ms=2.0,
+                    cache=False).input_waits
+    assert given is not None and given.rank is None and given.wait_ms == pytest.approx(2.0)
+
+
+def test_each_ranks_waits_are_read_only_when_every_rank_has_its_own() -> None:
+    from types import SimpleNamespace
+
+    from gpuprof.steptime import recorded_waits_by_rank, waits_beyond
+
+    ranks = [{"rank": 0, "unprofiled_timing": {"loader_wait_ms": 1.0}},
+             {"rank": 1, "unprofiled_timing": {"loader_wait_ms": 5.0}}]
+    assert recorded_waits_by_rank({"ranks": ranks}) == {0: 1.0, 1: 5.0}
+    for bad in ({"rank": 0, "unprofiled_timing": {"loader_wait_ms": 2.0}},  # a rank twice
+                {"rank": True, "unprofiled_timing": {"loader_wait_ms": 2.0}},  # no rank number
+                {"rank": 2, "unprofiled_timing": {"loader_wait_ms": "2"}},  # no figure
+                {"rank": 2, "unprofiled_timing": {"loader_wait_ms": float("nan")}}):
+        assert recorded_waits_by_rank({"ranks": [*ranks, bad]}) == {}, bad
+    parts = [SimpleNamespace(rank=0, loader_us_per_step=900.0), SimpleNamespace(rank=1, loader_us_per_step=100.0)]
+    # rank 1 missed 4.9 ms, rank 0 0.1: rank 1's; ties go to the lower rank
+    assert waits_beyond(parts, 3.0, {0: 1.0, 1: 5.0}) == (5.0, 0.1, 1)  # type: ignore[arg-type]
+    assert waits_beyond(parts, 3.0, {0: 1.9, 1: 1.0}) == (1.9, 0.9, 0)  # type: ignore[arg-type]
+    tied = [SimpleNamespace(rank=0, loader_us_per_step=500.0), SimpleNamespace(rank=1, loader_us_per_step=250.0)]
+    assert waits_beyond(tied, 3.0, {0: 1.5, 1: 1.25}) == (1.5, 0.5, 0)  # type: ignore[arg-type]
+    # ranks of the figures other than the trace's, or one rank: the job's figure against the mean
+    assert waits_beyond(parts, 3.0, {0: 1.0, 5: 5.0}) == (3.0, 0.5, None)  # type: ignore[arg-type]
+    assert waits_beyond(parts[:1], 3.0, {0: 1.0}) == (3.0, 0.9, None)  # type: ignore[arg-type]
+
+
+def test_the_gpu_floor_is_replayed_once_per_run_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the results cache on, a second report of the same run folder reads the host-free
+    replay it made the first time instead of replaying the trace again."""
+    import gpuprof.replay.fixes as fixes
+
+    monkeypatch.setenv("GPUPROF_CACHE_DIR", str(tmp_path / "cache"))
+    run = _with_wait(tmp_path, 3.0)
+    calls: list[int] = []
+    real = fixes.host_free
+    monkeypatch.setattr(fixes, "host_free", lambda g: calls.append(1) or real(g))
+    first = analyze(run)
+    made = len(calls)
+    assert made >= 1 and first.input_waits is not None
+    again = analyze(run)
+    assert len(calls) == made  # nothing replayed without host time the second time
+    assert again.input_waits == first.input_waits
+    assert again.to_json() == first.to_json()

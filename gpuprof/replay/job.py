@@ -291,6 +291,18 @@ def slowest_ms(g: Graph) -> float:
     return float(max(p)) if p else float("nan")
 
 
+def host_free_ms(parts: Sequence[RankGraph]) -> float | None:
+    """The job's least step: its joined graph replayed with every rank's host time taken out, the
+    slowest rank's step (ms); None where it does not replay. A rank's own graph cannot give it:
+    its collectives last as long as it waited for the other ranks (a rank waiting 50 ms a step for
+    a host-bound peer replays 63 ms without any host of its own; joined, the job's GPU work takes
+    11 ms)."""
+    from gpuprof.replay.fixes import host_free
+
+    ms = slowest_ms(host_free(join(parts)))
+    return ms if np.isfinite(ms) else None
+
+
 def cross_fix(category: str, g: Graph, parts: Sequence[RankGraph]) -> Graph:
     """The job graph with a cross-rank finding's fix applied: ``rank_imbalance`` →
     :func:`rebalance`, ``exposed_communication`` → :func:`overlap` of the collectives in the
@@ -353,5 +365,5 @@ def job(parts: Sequence[RankGraph], unprofiled_step_ms: float | None, cost_us: f
 
 
 __all__ = ["COMM_OPS", "MAX_SHIFT", "SYNC_SLACK_US", "RankGraph", "build_job", "comm_in_steps", "comm_rows", "cross_fix",
-           "fix_steps", "host_per_step", "job", "job_cost", "join", "joined_job", "match", "overlap", "rank_graph",
+           "fix_steps", "host_free_ms", "host_per_step", "job", "job_cost", "join", "joined_job", "match", "overlap", "rank_graph",
            "rebalance", "slowest_ms"]
