@@ -77,9 +77,12 @@ def make(shape: str, mb: float, where: Path) -> tuple[Path, Path, int]:
     folder.mkdir(parents=True)
     docs = [read_doc(H200 / s) for s in sources]
     events = 0
+    # one count of copies for every rank: the ranks of one job profile the same steps (rank 0's
+    # and rank 1's traces differ in size, and at ~350 MB their own counts gave 21 and 18 steps)
+    copies = copies_for(docs[0], mb / n_ranks)
     for r in range(n_ranks):
         src = docs[r % len(docs)]
-        doc, n, _ = repeat_steps(src, copies_for(src, mb / n_ranks))
+        doc, n, _ = repeat_steps(src, copies)
         if n_ranks > 1:
             doc["distributedInfo"] = {**doc.get("distributedInfo", {}), "rank": r, "world_size": n_ranks}
         write_doc(doc, folder / f"rank{r}.json")
