@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 MEASURE = r"""
 import json, resource, subprocess, sys, time
@@ -47,14 +48,15 @@ print(json.dumps({"seconds": time.perf_counter() - t, "load_seconds": loaded, "f
 """
 
 
-def run(py: str, code: str, *args: str, env: dict[str, str] | None = None) -> dict[str, float]:
+def run(py: str, code: str, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     r = subprocess.run([py, "-c", code, *args], capture_output=True, text=True, env=env)
     if r.returncode != 0:
         return {"error": r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}"}
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    out: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
+    return out
 
 
-def median_run(runs: list[dict[str, float]]) -> dict[str, float]:
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The run of median time, with every run's seconds beside it."""
     ok = sorted((r for r in runs if "seconds" in r), key=lambda r: r["seconds"])
     if not ok:
