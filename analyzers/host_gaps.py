@@ -38,10 +38,6 @@ from gpuprof.rank import RankView
 
 
 
-def _gaps(v: RankView, cause: str) -> pd.DataFrame:
-    return v.gaps_of(cause)
-
-
 def _common(v: RankView, g: pd.DataFrame) -> dict[str, Any]:
     ev: dict[str, Any] = {"rank": v.rank, "gaps_per_step": round(len(g) / v.n_steps, 1),
                           "idle_ms_per_step_traced": round(ms(g["dur"].sum()) / v.n_steps, 3),
@@ -65,7 +61,7 @@ def _name(frame: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
 
 def input_pipeline(v: RankView) -> list[Candidate]:
     out: list[Candidate] = []
-    g = _gaps(v, "input")
+    g = v.gaps_of("input")
     if g.empty:
         return out
     ev = _common(v, g)
@@ -103,7 +99,7 @@ def _covering_annotation(v: RankView, start: float, end: float) -> str | None:
 def host_work(v: RankView) -> list[Candidate]:
     """Idle while the main thread runs Python or CPU-only ops outside every op that drives the GPU."""
     out: list[Candidate] = []
-    g = _gaps(v, "host_work")
+    g = v.gaps_of("host_work")
     if g.empty:
         return out
     ops = v.trace.ops
@@ -194,7 +190,7 @@ def step_tails(v: RankView) -> pd.DataFrame:
 def host_stall(v: RankView) -> list[Candidate]:
     """One long idle gap inside one op or runtime call: named, with its duration."""
     out: list[Candidate] = []
-    g = _gaps(v, "stall")
+    g = v.gaps_of("stall")
     tails = step_tails(v)
     if g.empty and tails.empty:
         return out
@@ -294,7 +290,7 @@ def host_sync(v: RankView) -> list[Candidate]:
     t = v.trace
     # a blocking copy of pageable memory syncs inside its own op: that wait is the copy's, and
     # pinned memory with non_blocking=True removes it (pageable_memcpy), not keeping a value on the GPU
-    g = _gaps(v, "sync")
+    g = v.gaps_of("sync")
     g = g[~copy_sync_gaps(t, g)] if len(g) else g
     if g.empty:
         return out
@@ -347,7 +343,7 @@ def launch_overhead(v: RankView) -> list[Candidate]:
                            "overhead measured during capture does not apply to graph replay.",
             units={}, evidence={"rank": v.rank, "graph_capture_calls": captures}, informational=True))
         return out
-    g = _gaps(v, "launch")
+    g = v.gaps_of("launch")
     if g.empty:
         return out
     graphed = in_graph(k)

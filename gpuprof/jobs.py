@@ -269,13 +269,13 @@ def rank_job(job: Job, part: RankPart, active: Sequence[str], cross: Sequence[Cr
 
     made: list[RankOutcome] = []
 
-    def compute() -> tuple[OutcomeRecord, str | None]:
+    def compute() -> tuple[OutcomeRecord | None, str | None]:
         r, spec = load_rank(job, part.nvml, part.nvml_period_s, store)
         outcome = analyse_rank(RankView(r, spec), part, [a for a in REGISTRY if a.name in active], cross, alone,
                                graph.graph if graph is not None else None)
         made.append(outcome)
         if not job.cache:  # no results cache to file it in (job_key is None): the outcome as made is all
-            return None, None  # type: ignore[return-value]
+            return None, None
         content = r.trace.meta.content_key
         record: OutcomeRecord = (outcome.contributions, to_records(outcome.claims), outcome.replay_ms,
                                  outcome.figures)
@@ -283,10 +283,11 @@ def rank_job(job: Job, part: RankPart, active: Sequence[str], cross: Sequence[Cr
         return record, content if content == part.meta.content_key else None
 
     extra = (tuple(active), digest(part.nvml), part.nvml_period_s, digest(list(cross)), alone)
-    got: OutcomeRecord = cached(job, job_key(job, "rank", *extra), compute, OutcomeRecord,
-                                lambda content: job_key(job, "rank", *extra, content=content))
+    got: OutcomeRecord | None = cached(job, job_key(job, "rank", *extra), compute, OutcomeRecord,
+                                       lambda content: job_key(job, "rank", *extra, content=content))
     if made:  # computed here, not read from the cache
         return made[0] if store is not None else replace(made[0], plan=None)
+    assert got is not None  # read from the cache, which holds only records
     contributions, records, replay_ms, figures = got
     return RankOutcome(contributions, from_records(records), replay_ms, figures)
 

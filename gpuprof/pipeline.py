@@ -105,6 +105,7 @@ def _analyse(ex: Executor, jobs: list[Job], gpu: str | None, gpu_spec: str | Non
         jobs = [replace(j, unprofiled_step_ms=None) for j in jobs]
         unprofiled_step_ms = None
     waits = None
+    rank_graphs: list[Any] | None = None  # each rank's graph, where built before the cross-rank replay
     if input_wait_ms is not None and unprofiled_step_ms is not None:
         by_rank = {} if input_wait_given else recorded_waits_by_rank(manifest)
         wait, traced, _ = waits_beyond(parts, input_wait_ms, by_rank)
@@ -115,7 +116,8 @@ def _analyse(ex: Executor, jobs: list[Job], gpu: str | None, gpu_spec: str | Non
         elif beyond:  # ranks wait for each other: the job's least step is its joined graph's
             from gpuprof.replay.job import host_free_ms
 
-            floors = [host_free_ms(ex.map(graph_job, jobs, stage="replayed"))]
+            rank_graphs = ex.map(graph_job, jobs, stage="replayed")  # the cross-rank replay's too
+            floors = [host_free_ms(rank_graphs)]
         waits = input_waits(parts, unprofiled_step_ms, input_wait_ms, floors, input_wait_noise_ms, by_rank)
     if waits is not None:  # every fix is priced on the step the profiled steps stand for
         unprofiled_step_ms = waits.typical_ms
@@ -132,7 +134,7 @@ def _analyse(ex: Executor, jobs: list[Job], gpu: str | None, gpu_spec: str | Non
     built: list[tuple[list[Any], float, Any] | None] = [None]
 
     def replay(categories: Sequence[str]) -> dict[str, list[float]]:
-        figures, job_cost[0], made = job_replay(ex, jobs, unprofiled_step_ms, categories)
+        figures, job_cost[0], made = job_replay(ex, jobs, unprofiled_step_ms, categories, rank_graphs)
         if made is not None and ex.store is not None and figures:
             built[0] = made[0], next(iter(figures.values()))[0], made[1]
         return figures
@@ -222,14 +224,14 @@ def plans_of(ranks: Sequence[Any], parts: Sequence[RankPart], claims: Sequence[A
     return tuple(out)
 
 
-def job_replay(ex: Executor, jobs: Sequence[Job], unprofiled_step_ms: float | None, categories: Sequence[str]
-               ) -> tuple[dict[str, list[float]], float, tuple[list[Any], Any] | None]:
+def job_replay(ex: Executor, jobs: Sequence[Job], unprofiled_step_ms: float | None, categories: Sequence[str],
+               graphs: list[Any] | None = None) -> tuple[dict[str, list[float]], float, tuple[list[Any], Any] | None]:
     """The cross-rank findings' replay (gpuprof.replay.job.fix_steps), the job's profiler cost
     per recorded host event it was deflated by (:func:`gpuprof.replay.job.job_cost`) and the ranks'
     graphs (:class:`gpuprof.replay.job.RankGraph`) with the job graph joined from them, deflated
     (None where the results cache had the figures): each rank's graph built by the workers, joined
     here once; filed in the results cache under every rank's content, so an unchanged job is not
-    loaded again for it."""
+    loaded again for it. ``graphs``: the ranks' graphs (:func:`graph_job`) where built already."""
     from gpuprof.replay.job import fix_steps, joined_job
     from gpuprof.trace import cache as pcache
 
@@ -244,7 +246,7 @@ def job_replay(ex: Executor, jobs: Sequence[Job], unprofiled_step_ms: float | No
         hit: tuple[dict[str, list[float]], float] | None = pcache.get_result(before, kind, root)
         if hit is not None:
             return (*hit, None)
-    graphs = ex.map(graph_job, jobs)
+    graphs = ex.map(graph_job, jobs) if graphs is None else graphs
     g, cost = joined_job(graphs, unprofiled_step_ms)
     out = (fix_steps(graphs, unprofiled_step_ms, categories, cost, g), cost)
     if before is not None and key() == before:  # the files did not change meanwhile
