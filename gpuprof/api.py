@@ -176,7 +176,8 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
 
     Several rank traces are worked on in parallel: by up to ``workers`` local processes (most: one
     per CPU; 1 works in this process; default: one per CPU, or this process alone for a job of at
-    most ``IN_PROCESS_MAX_BYTES``, where each rank is then loaded once), or on a Dask cluster
+    most ``IN_PROCESS_MAX_BYTES`` or, on fewer than three CPUs, one that fits half the memory
+    available (:func:`gpuprof.executors.in_process`), where each rank is then loaded once), or on a Dask cluster
     (``dask``: a scheduler address, or ``"local"``). Unless ``keep_traces`` (default: only for a
     single trace), each rank is reduced where it is loaded to a small summary
     (:mod:`gpuprof.jobs`) and only those cross to this process, so memory here does not grow

@@ -3,7 +3,7 @@
 :class:`Executor` maps a function over argument lists, results in order. In this process it can
 keep each rank's frames once loaded (``keep``): the later passes over a rank (its findings, the
 slow rank's detail, its replay graph) then reuse them instead of loading the rank again; that is
-how a job small enough to hold whole (``IN_PROCESS_MAX_BYTES``) and a single trace are analysed.
+how a job small enough to hold whole (:func:`in_process`) and a single trace are analysed.
 Worker processes and Dask workers hold one rank at a time and send back only what a rank yields.
 
 Workers never outlive the report: a worker process ends when the process that started it does,
@@ -56,6 +56,53 @@ def local_workers(n: int, workers: int | None) -> int:
 #: less CPU and less memory (measured in docs/performance.md). Bigger jobs go to worker processes,
 #: which hold one rank at a time; ``--workers N`` asks for them whatever the size.
 IN_PROCESS_MAX_BYTES = 256 * 2**20
+
+#: Worker processes pay only where they run in parallel: a bigger job's rank costs about 1.8x the
+#: CPU in a worker (its summary, its graph and its findings each load it, the second and third from
+#: a private parse cache), so on fewer CPUs than this they cannot beat one process even on wall
+#: time (8 ranks of 44 and of 80 MB on 2 CPUs: 12.1 and 19.3 s of CPU, 7.2 and 11.7 s wall, 852
+#: and 1204 MB in all, against 6.8 and 11.1 s, 6.7 and 11.0 s, 607 and 1018 MB in one process;
+#: docs/performance.md). There a job of any size that fits memory is analysed in this process.
+PARALLEL_MIN_CPUS = 3
+
+#: This process's peak per byte of the job's JSON when it holds every rank (1.74 and 1.59 measured
+#: on the two jobs above, imports included), rounded up.
+HELD_BYTES_PER_JSON_BYTE = 2.0
+
+
+def available_memory() -> int | None:
+    """Bytes this process may still use: the system's available memory (``MemAvailable``), or
+    less where a cgroup (v2 ``memory.max``, v1 ``memory.limit_in_bytes``) caps the container;
+    None where unknown."""
+    found: list[int] = []
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    for limit, used in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            with open(limit) as a, open(used) as b:
+                found.append(max(0, int(a.read().strip()) - int(b.read().strip())))
+        except (OSError, ValueError):  # absent, or "max": no cap
+            continue
+    return min(found) if found else None
+
+
+def in_process(nbytes: int) -> bool:
+    """Whether a job of ``nbytes`` of JSON is analysed in this process by default: at most
+    ``IN_PROCESS_MAX_BYTES``; or, with fewer than ``PARALLEL_MIN_CPUS`` CPUs, where holding every
+    rank takes at most half the memory available."""
+    if nbytes <= IN_PROCESS_MAX_BYTES:
+        return True
+    if cpu_count() >= PARALLEL_MIN_CPUS:
+        return False
+    free = available_memory()
+    return free is not None and HELD_BYTES_PER_JSON_BYTE * nbytes <= free / 2
 
 
 def job_bytes(files: Sequence[Path]) -> int:

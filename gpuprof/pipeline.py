@@ -27,7 +27,7 @@ from gpuprof import pricing
 from gpuprof.analysis import Result
 from gpuprof.claims import merge, rank_findings, split_notes
 from gpuprof.errors import UsageError
-from gpuprof.executors import IN_PROCESS_MAX_BYTES, Executor, job_bytes, local_workers
+from gpuprof.executors import IN_PROCESS_MAX_BYTES, Executor, in_process, job_bytes, local_workers
 from gpuprof.findings import Finding
 from gpuprof.jobs import (Job, RankOutcome, graph_job, host_free_job, job_key, kept_ranks, load_rank, part_job,
                           rank_job, slow_job)
@@ -58,9 +58,9 @@ def run(seq: list[str | Path], unprofiled_step_ms: float | None, gpu: str | None
     run_folder = str(folder) if folder is not None and len(seq) == 1 else None
     jobs = [Job(str(Path(f).resolve()), i, cache, gpu, gpu_spec, unprofiled_step_ms) for i, f in enumerate(files)]
     keep = len(jobs) == 1 if keep_traces is None else keep_traces
-    small = not dask and len(files) > 1 and job_bytes(files) <= IN_PROCESS_MAX_BYTES
+    small = not dask and len(files) > 1 and in_process(job_bytes(files))
     if small and workers is None:
-        workers = 1  # worker processes would not pay (see IN_PROCESS_MAX_BYTES)
+        workers = 1  # worker processes would not pay (see executors.in_process)
     here = keep or (small and local_workers(len(jobs), workers) == 1)  # each rank loaded once, frames kept
     with contextlib.ExitStack() as stack:
         if not here and not cache and not dask:
@@ -159,7 +159,7 @@ def _analyse(ex: Executor, jobs: list[Job], gpu: str | None, gpu_spec: str | Non
         replayed = [o.replay_ms for o in outcomes]
         ok = [x for x in replayed if x is not None]
         figures = {"replay_step_time_ms": float(np.mean(ok)) if ok and len(ok) == len(replayed) else None,
-                   **_job_projection(jobs, parts, outcomes, fixes, frames, job_cost[0],
+                   **_job_projection(jobs, parts, outcomes, fixes, frames, keep_traces, job_cost[0],
                                      built[0] if all(p.unprofiled_step_ms == unprofiled_step_ms for p in parts) else None)}
     if waits is not None:  # the projection as the program runs, with its waits
         figures.update(pricing.with_input_waits(figures, waits, fixes))
@@ -191,15 +191,17 @@ def with_input_waits(found: Sequence[Finding], waits: InputWaits, manifest: dict
 
 
 def _job_projection(jobs: Sequence[Job], parts: Sequence[RankPart], outcomes: Sequence[RankOutcome],
-                    findings: Sequence[Finding], frames: Sequence[Any] | None, cost_us: float | None,
-                    built: tuple[list[Any], float, Any] | None = None) -> dict[str, Any]:
+                    findings: Sequence[Finding], frames: Sequence[Any] | None, keep_traces: bool,
+                    cost_us: float | None, built: tuple[list[Any], float, Any] | None = None) -> dict[str, Any]:
     """Several ranks: the projection on the job graph (:func:`gpuprof.pricing.job_projection`),
-    made in this process only where the ranks' frames are here or a job that small
-    (``IN_PROCESS_MAX_BYTES``) may be loaded again: the bounded many-rank path keeps frames out
-    of this process. ``built``: the ranks' graphs the cross-rank replay made here, the job's step
-    it replayed on them and the job graph it joined them to, deflated by ``cost_us`` (what the
-    projection starts from)."""
-    if frames is None and not (jobs and job_bytes([Path(j.path) for j in jobs]) <= IN_PROCESS_MAX_BYTES):
+    made only where the job is at most ``IN_PROCESS_MAX_BYTES`` (its ``frames`` held here, else
+    loaded again) or the user kept its frames (``keep_traces``) and they are here: a bigger job
+    has none whether this process or workers analysed it, so that its report does not depend on
+    the machine's CPUs (:func:`gpuprof.executors.in_process`). ``built``: the ranks' graphs the
+    cross-rank replay made here, the job's step it replayed on them and the job graph it joined
+    them to, deflated by ``cost_us`` (what the projection starts from)."""
+    small = bool(jobs) and job_bytes([Path(j.path) for j in jobs]) <= IN_PROCESS_MAX_BYTES
+    if not (small or (keep_traces and frames is not None)):
         return dict(pricing.NO_PROJECTION)
     if not [f for f in findings if f.confidence in pricing.PROJECTED_CONFIDENCE]:
         return dict(pricing.NO_PROJECTION)

@@ -171,6 +171,57 @@ def test_a_small_job_of_ranks_is_analysed_in_process_each_rank_loaded_once(folde
     assert here.views_detail() == apart.views_detail() and loads[0] == 2
 
 
+def test_a_job_over_the_bound_stays_in_process_where_workers_cannot_run_in_parallel(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ``IN_PROCESS_MAX_BYTES`` a job goes to worker processes only with CPUs enough for them
+    to pay (``PARALLEL_MIN_CPUS``), and stays here only while holding it takes at most half the
+    memory available: measured on 2 CPUs, 8 ranks of 44 MB took 1.8x the CPU in two workers."""
+    from gpuprof import executors
+
+    gib = 2**30
+    monkeypatch.setattr(executors, "available_memory", lambda: 10 * gib)
+    monkeypatch.setattr(executors, "cpu_count", lambda: 2)
+    assert executors.in_process(executors.IN_PROCESS_MAX_BYTES)
+    assert executors.in_process(2 * gib)  # 4 GiB held of 10 available
+    assert not executors.in_process(3 * gib)  # 6 GiB: more than half of it
+    monkeypatch.setattr(executors, "available_memory", lambda: None)
+    assert not executors.in_process(executors.IN_PROCESS_MAX_BYTES + 1)  # unknown memory: the bound
+    monkeypatch.setattr(executors, "available_memory", lambda: 10 * gib)
+    monkeypatch.setattr(executors, "cpu_count", lambda: executors.PARALLEL_MIN_CPUS)
+    assert executors.in_process(executors.IN_PROCESS_MAX_BYTES)
+    assert not executors.in_process(executors.IN_PROCESS_MAX_BYTES + 1)
+
+
+def test_available_memory_is_read_on_linux() -> None:
+    from gpuprof.executors import available_memory
+
+    if not Path("/proc/meminfo").exists():
+        pytest.skip("no /proc/meminfo: not Linux")
+    free = available_memory()
+    assert free is not None and 0 < free < 2**50
+
+
+def test_a_big_job_on_two_cpus_starts_no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real 2-rank DDP sample taken as over the in-process bound on a 2-CPU machine with
+    memory to spare: analysed here (no pool), each rank loaded once."""
+    import concurrent.futures
+
+    import gpuprof.jobs as jobs
+    from gpuprof import executors
+
+    monkeypatch.setattr(executors, "IN_PROCESS_MAX_BYTES", 0)
+    monkeypatch.setattr(executors, "cpu_count", lambda: 2)
+    monkeypatch.setattr(executors, "available_memory", lambda: 2**40)
+
+    def no_pool(*a: Any, **k: Any) -> Any:
+        raise AssertionError("a worker process was started")
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", no_pool)
+    loads = _count(monkeypatch, jobs, "load_trace_cached")
+    a = gpuprof.analyze(SAMPLES / "ddp_slow_rank", cache=False)
+    assert loads[0] == 2 and a.to_dict()["findings"]
+
+
 def test_loader_columns_on_a_chunk_boundary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Columns built a chunk at a time join up exactly, whatever the chunk size: names coded in
     order of first appearance across chunks, record_function ranges moved to the annotations."""
