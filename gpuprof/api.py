@@ -217,6 +217,8 @@ def analyze(paths: str | Path | Sequence[str | Path], gpu: str | None = None, gp
     # with DataLoader waits the profiled steps missed, the traced step stands for the step without them
     compared = result.input_waits.typical_ms if result.input_waits is not None else unprofiled
     notices = steptime.check(result.parts, compared, given=step_ms is not None)
+    if step_ms is None and unprofiled is not None and all(p.unprofiled_step_ms is not None for p in result.parts):
+        notices = (*notices, *steptime.unsettled(manifest))  # the run's own figure, used: how well it is known
     return Analysis.of(replace(result, notices=(*result.notices, *notices)) if notices else result)
 
 

@@ -95,6 +95,43 @@ def check(parts: Sequence[RankPart], unprofiled_step_ms: float | None, given: bo
     return ()
 
 
+def unsettled(manifest: dict[str, Any]) -> tuple[str, ...]:
+    """A notice where the run folder's unprofiled step time comes from a timing that did not
+    settle (``ranks[].unprofiled_timing.converged`` false: the recorder's budget ran out, or the
+    program's own profiler began, before the standard error of the steps' mean came within its
+    bound): on a machine or a loop whose step wanders by 15-35 % from chunk to chunk, the figure
+    every estimate is priced on is that uncertain, and a run of the same program may read several
+    % apart (sample_traces/README.md, "Programs as users run them"). The rank whose figure is
+    least certain is named; nothing where every timed rank converged or none says."""
+    listed = manifest.get("ranks")
+    ranks: list[Any] = listed if isinstance(listed, list) else []
+    worst: tuple[float, str] | None = None
+    for r in ranks:
+        t = r.get("unprofiled_timing") if isinstance(r, dict) else None
+        if not isinstance(t, dict) or t.get("converged") is not False:
+            continue
+        mean = _ms(r.get("unprofiled_step_ms")) or _ms(manifest.get("unprofiled_step_ms"))
+        if not mean:
+            continue
+        sem, spread, steps = _ms(t.get("sem_ms")), _ms(t.get("spread_pct")), _count(t.get("steps"))
+        bound = _ms(t.get("sem_pct"))
+        pct = 100.0 * sem / mean if sem is not None else math.inf
+        why = t.get("not_converged_why")
+        who = f" on rank {r['rank']}" if isinstance(r.get("rank"), int) and len(ranks) > 1 else ""
+        text = (f"the run's unprofiled step time{who} ({mean:.2f} ms) comes from a timing that did not settle"
+                + (f" ({why[:160]})" if isinstance(why, str) and why else "") + ": "
+                + (f"its {steps} timed steps' chunks spread {spread:.0f} %" if steps and spread is not None
+                   else "its chunks' spread is not recorded")
+                + (f" and their mean's standard error is {pct:.1f} % of it" if math.isfinite(pct) else "")
+                + (f" (the recorder asks {bound:g} %)" if bound else "")
+                + "; every estimate is priced on it and carries that uncertainty (another run of the program "
+                  "may read several % apart: record again with --timed-steps N over more steps, or pass --step-ms "
+                  "from the program's own logs)")
+        if worst is None or pct > worst[0]:
+            worst = (pct, text)
+    return (worst[1],) if worst is not None else ()
+
+
 # --- input waits the profiled steps missed ---------------------------------------------------
 
 #: The finding for DataLoader waits of the unprofiled steps that the profiled ones did not catch.

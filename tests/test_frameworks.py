@@ -110,3 +110,60 @@ def test_the_lightning_loop_is_told_its_loader_first() -> None:
             assert a.input_waits is not None and a.input_waits.typical_ms < m["unprofiled_step_ms"]
         else:
             assert INPUT_WAIT_ID not in ids, name
+
+
+H100_2026_12_05 = Path(__file__).resolve().parents[1] / "docs" / "measurements" / "frameworks_2026-12-05_h100"
+
+
+@pytest.mark.parametrize("name,settled", [("lightning_resnet", False), ("hf_trainer_gpt2", False),
+                                          ("accelerate_loop", True), ("fsdp2", False), ("compiled", False)])
+def test_a_timing_that_did_not_settle_is_said(name: str, settled: bool) -> None:
+    """The manifests of the five programs recorded on a lent H100 on 2026-12-05 (real, kept
+    without their traces): four timings ran out of budget with chunks 17-36 % apart. The report
+    must say so, with the figures, where it prices on them; the converged one says nothing."""
+    from gpuprof import steptime
+
+    m = json.loads((H100_2026_12_05 / f"manifest_{name}.json").read_text())
+    t = m["ranks"][0]["unprofiled_timing"]
+    assert t["converged"] is settled
+    said = steptime.unsettled(m)
+    if settled:
+        assert said == ()
+        return
+    (line,) = said
+    pct = 100.0 * t["sem_ms"] / m["ranks"][0]["unprofiled_step_ms"]
+    assert f"({m['unprofiled_step_ms']:.2f} ms)" in line and "did not settle" in line
+    assert f"{pct:.1f} %" in line and f"spread {t['spread_pct']:.0f} %" in line and "\n" not in line
+
+
+def test_the_least_settled_rank_is_named() -> None:
+    """Synthetic manifest (built here): two ranks, one converged; the other is named."""
+    from gpuprof import steptime
+
+    def rank(n: int, converged: bool, sem: float) -> dict[str, object]:
+        return {"rank": n, "unprofiled_step_ms": 20.0,
+                "unprofiled_timing": {"converged": converged, "sem_ms": sem, "spread_pct": 30.0, "steps": 100,
+                                      "sem_pct": 2.0, "not_converged_why": "the budget of 30 s of timing was spent"}}
+
+    m = {"unprofiled_step_ms": 20.0, "ranks": [rank(0, True, 0.1), rank(1, False, 0.8)]}
+    (line,) = steptime.unsettled(m)
+    assert "on rank 1 (20.00 ms)" in line and "4.0 %" in line and "30 s of timing" in line
+    assert steptime.unsettled({"unprofiled_step_ms": 20.0, "ranks": [rank(0, True, 0.1)]}) == ()
+    assert steptime.unsettled({"ranks": "not a list"}) == ()
+
+
+def test_the_report_says_its_step_time_did_not_settle(tmp_path: Path) -> None:
+    """A copy of the real HF Trainer run folder whose manifest is edited here to say its timing
+    did not converge (a synthetic input): the report's warnings say it; with --step-ms, which the
+    analysis then prices on, they do not."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(FRAMEWORKS / "run_hf_trainer_gpt2", run)
+    m = json.loads((run / "manifest.json").read_text())
+    m["ranks"][0]["unprofiled_timing"].update(converged=False, not_converged_why="the budget of 10 chunks was spent")
+    (run / "manifest.json").write_text(json.dumps(m))
+    warned = [w for w in gpuprof.analyze(run, cache=False).to_dict()["warnings"] if "did not settle" in w]
+    assert len(warned) == 1 and f"({m['unprofiled_step_ms']:.2f} ms)" in warned[0]
+    given = gpuprof.analyze(run, cache=False, step_ms=m["unprofiled_step_ms"]).to_dict()["warnings"]
+    assert not [w for w in given if "did not settle" in w]
