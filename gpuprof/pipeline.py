@@ -200,8 +200,8 @@ def _job_projection(jobs: Sequence[Job], parts: Sequence[RankPart], outcomes: Se
     the machine's CPUs (:func:`gpuprof.executors.in_process`). ``built``: the ranks' graphs the
     cross-rank replay made here, the job's step it replayed on them and the job graph it joined
     them to, deflated by ``cost_us`` (what the projection starts from)."""
-    small = bool(jobs) and job_bytes([Path(j.path) for j in jobs]) <= IN_PROCESS_MAX_BYTES
-    if not (small or (keep_traces and frames is not None)):
+    kept = keep_traces and frames is not None  # (no second look at the files then)
+    if not (kept or (bool(jobs) and job_bytes([Path(j.path) for j in jobs]) <= IN_PROCESS_MAX_BYTES)):
         return dict(pricing.NO_PROJECTION)
     if not [f for f in findings if f.confidence in pricing.PROJECTED_CONFIDENCE]:
         return dict(pricing.NO_PROJECTION)
