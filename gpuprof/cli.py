@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 import gpuprof
-from gpuprof import files
+from gpuprof import files, strings
 from gpuprof.errors import GpuprofError, UsageError
 from gpuprof.record import window as W
 
@@ -210,6 +210,7 @@ def _report(paths: tuple[Path, ...], fmt: str, output: Path | None, force: bool,
             files.check_target(output, force, _inputs(paths))
         if sys.stderr.isatty():
             click.echo(f"gpuprof: analysing {len(paths)} path(s)…", err=True)
+        strings.own_process()  # here, not earlier: a stored report imports no pandas
         analysis = gpuprof.analyze(list(paths), gpu=gpu, gpu_spec=str(gpu_spec) if gpu_spec else None,
                                    step_ms=step_ms, cache=not no_cache, workers=workers, dask=dask_address,
                                    progress=_progress if sys.stderr.isatty() else None, as_ranks=as_ranks,
@@ -292,6 +293,7 @@ def annotate(paths: tuple[Path, ...], output: Path, force: bool, gpu: str | None
     track per finding (and stream) with the kernels, copies and idle gaps that finding claims,
     named by its id and saving. The original events are kept unchanged.
     """
+    strings.own_process()
     try:
         analysis = gpuprof.analyze(list(paths), gpu=gpu, gpu_spec=str(gpu_spec) if gpu_spec else None,
                                    step_ms=step_ms, cache=not no_cache, keep_traces=True)
@@ -393,6 +395,7 @@ def diff(before: Path, after: Path, fmt: str, output: Path | None, force: bool, 
     from gpuprof.compare import compare
     from gpuprof.reports.diff import render_diff_html, render_diff_text
 
+    strings.own_process()
     try:
         if output is not None:
             files.check_target(output, force, _inputs((before, after)))

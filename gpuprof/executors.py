@@ -26,6 +26,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpuprof import strings
 from gpuprof.errors import GpuprofError
 
 if TYPE_CHECKING:
@@ -138,11 +139,20 @@ def _dask_timeout() -> float:
         return DASK_TIMEOUT_S
 
 
-def _on_dask_worker(fn: Any, *args: Any) -> Any:
-    """``fn(*args)`` on a Dask worker; an error about the input names this worker, since a path
+def _in_worker(storage: str | None, fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` in a local worker process, with the string storage of the process that
+    started it (:mod:`gpuprof.strings`)."""
+    with strings.running(storage):
+        return fn(*args)
+
+
+def _on_dask_worker(fn: Any, storage: str | None, *args: Any) -> Any:
+    """``fn(*args)`` on a Dask worker, with the string storage of the process that sent it
+    (:mod:`gpuprof.strings`); an error about the input names this worker, since a path
     the driver sees may be missing on the worker (traces must be on a shared file system)."""
     try:
-        return fn(*args)
+        with strings.running(storage):
+            return fn(*args)
     except GpuprofError as e:
         from dask.distributed import get_worker
 
@@ -253,7 +263,8 @@ class Executor:
         if self.pool is not None:
             from concurrent.futures import as_completed
 
-            pending = [self.pool.submit(fn, *a) for a in zip(*args)]
+            storage = strings.current()
+            pending = [self.pool.submit(_in_worker, storage, fn, *a) for a in zip(*args)]
             if report is not None:
                 for i, _ in enumerate(as_completed(pending), 1):
                     report(i, n, stage)
@@ -276,7 +287,7 @@ class Executor:
 
         from dask.distributed import KilledWorker, wait
 
-        futures = self.client.map(partial(_on_dask_worker, fn), *args, pure=False)
+        futures = self.client.map(partial(_on_dask_worker, fn, strings.current()), *args, pure=False)
         label = {f.key: _label(a) for f, a in zip(futures, args[0])}
         limit = _dask_timeout()
         remaining, done, stalled_since = list(futures), 0, None

@@ -209,3 +209,15 @@ def test_local_workers_are_capped_at_the_cpus(monkeypatch: pytest.MonkeyPatch) -
         assert ex.pool is None  # one: in this process
     with executors.Executor(1, 32, None) as ex:
         assert ex.pool is None  # never more processes than ranks
+
+
+def test_dask_tasks_run_with_the_string_storage_of_the_process_that_sent_them(cluster: Cluster) -> None:
+    """gpuprof.strings: a task on a real Dask worker runs with the driver's pandas string storage
+    (the CLI's Python storage), so ranks analysed there come back in the driver's."""
+    import pandas as pd
+
+    from gpuprof import strings
+    from gpuprof.executors import Executor
+
+    with pd.option_context(strings.OPTION, "python"), Executor(1, None, cluster.address) as ex:
+        assert ex.map(pd.get_option, [strings.OPTION]) == ["python"]

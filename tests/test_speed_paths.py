@@ -3,6 +3,7 @@ run folder's recorded step time is impossible, and the loader's columns (issue 1
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -285,3 +286,42 @@ def test_args_decoded_per_bucket_refuse_what_a_whole_decode_refused(tmp_path: Pa
     good = dict(bad, args={"External id": 9})
     path.write_text(json.dumps({"traceEvents": [ops[0], ops[1], good, ops[2]]}))
     assert len(load.load_trace(path).ops) == 3 + (good["cat"] == "cpu_op")
+
+
+def test_the_cli_analyses_with_python_strings_and_the_api_keeps_the_callers_setting(tmp_path: Path) -> None:
+    """gpuprof.strings: `gpuprof report` sets its own process's string storage to Python's (a real
+    sample trace, in this process through click); a call of the API leaves the caller's as it was."""
+    import pandas as pd
+    from click.testing import CliRunner
+
+    from gpuprof import strings
+    from gpuprof.cli import main
+
+    before = pd.get_option(strings.OPTION)
+    try:
+        pd.set_option(strings.OPTION, "auto")
+        gpuprof.analyze(SAMPLES / "gpt_host_sync.json.gz", cache=False)
+        assert pd.get_option(strings.OPTION) == "auto"
+        r = CliRunner().invoke(main, ["report", str(SAMPLES / "gpt_host_sync.json.gz"), "--format", "json",
+                                      "--no-cache", "-o", str(tmp_path / "r.json")])
+        assert r.exit_code == 0, r.output
+        assert pd.get_option(strings.OPTION) == strings.OWN and json.loads((tmp_path / "r.json").read_text())
+        assert pd.Index(["a"]).dtype == "str"  # the same dtype, in the Python storage
+    finally:
+        pd.set_option(strings.OPTION, before)
+
+
+def test_local_workers_run_with_the_string_storage_of_the_process_that_started_them() -> None:
+    """Two real worker processes asked for their pandas string storage: the parent's, whichever
+    it is (so a rank analysed in a worker comes back in the parent's storage)."""
+    import pandas as pd
+
+    from gpuprof import executors, strings
+
+    for storage in ("python", "pyarrow"):
+        if storage == "pyarrow" and importlib.util.find_spec("pyarrow") is None:
+            continue
+        with pd.option_context(strings.OPTION, storage), executors.Executor(2, 2, None) as ex:
+            if ex.pool is None:
+                pytest.skip("one CPU: no worker processes to start")
+            assert ex.map(pd.get_option, [strings.OPTION, strings.OPTION]) == [storage, storage]
