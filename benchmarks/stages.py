@@ -109,6 +109,8 @@ from gpuprof.roofline import classify
 from gpuprof.specs import resolve
 from gpuprof.timeline import summarize
 from gpuprof.trace.load import load_trace
+from gpuprof import strings
+strings.own_process()  # as `gpuprof report` runs (gpuprof/strings.py)
 
 def stage(name, fn):
     t, c = time.perf_counter(), time.process_time()

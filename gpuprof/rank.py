@@ -108,6 +108,7 @@ class RankView:
                 budget = max(0.0, budget - real_dur[m].sum())
         self.gaps = g.assign(events=n, real_dur=real_dur)
         self._update_loops: pd.DataFrame | None = None
+        self._update_masks: dict[str, pd.Series] = {}
         self._stream_order: np.ndarray | None = None
         self._gaps_of: dict[str, pd.DataFrame] = {}
 
@@ -164,7 +165,12 @@ class RankView:
     def in_optimizer(self) -> pd.Series:
         """Kernels the optimizer launched: inside its own work of an ``Optimizer.step#...`` span
         (torch.optim records one per step; :func:`gpuprof.idle.optimizer_spans` leaves out a
-        training closure run inside it)."""
+        training closure run inside it). Found once per view; read-only."""
+        if "optimizer" not in self._update_masks:
+            self._update_masks["optimizer"] = self._in_optimizer()
+        return self._update_masks["optimizer"]
+
+    def _in_optimizer(self) -> pd.Series:
         spans = self.optimizer_spans()
         k = self.kernels
         if spans.empty:
@@ -177,7 +183,12 @@ class RankView:
     def in_update_loop(self) -> pd.Series:
         """Kernels launched by a per-parameter update loop that no optimizer annotated
         (:func:`gpuprof.hostops.update_loops`: the same few ops once per parameter after backward),
-        on the loop's thread."""
+        on the loop's thread. Found once per view; read-only."""
+        if "loop" not in self._update_masks:
+            self._update_masks["loop"] = self._in_update_loop()
+        return self._update_masks["loop"]
+
+    def _in_update_loop(self) -> pd.Series:
         loops = self.update_loops()
         k = self.kernels
         if loops.empty:
@@ -191,8 +202,11 @@ class RankView:
     def in_update(self) -> pd.Series:
         """Kernels of the parameter update, whoever launched it: the optimizer's
         (:meth:`in_optimizer`) or an unannotated per-parameter loop's (:meth:`in_update_loop`).
-        The model's fusions leave them to optimizer_fusion; ``torch.compile(model)`` leaves them eager."""
-        return self.in_optimizer() | self.in_update_loop()
+        The model's fusions leave them to optimizer_fusion; ``torch.compile(model)`` leaves them eager.
+        Found once per view; read-only."""
+        if "update" not in self._update_masks:
+            self._update_masks["update"] = self.in_optimizer() | self.in_update_loop()
+        return self._update_masks["update"]
 
     def host_confidence(self, otherwise: str = "high") -> str:
         """Confidence of a host-side estimate: lower when the unprofiled step time is unknown."""

@@ -41,6 +41,7 @@ rather than as a fact.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from typing import Any
@@ -51,7 +52,7 @@ import pandas as pd
 from gpuprof.costmodel import MATMUL_FAMILIES, TENSORLIST_ELT, kernel_elt_bytes, op_costs
 from gpuprof.specs import GpuSpec
 from gpuprof.trace.model import RankTrace
-from gpuprof.trace.names import text_array
+from gpuprof.trace.names import NAME_MEMO, text_array
 
 LATENCY_PCT = 20.0
 SHORT_US = 10.0
@@ -78,10 +79,14 @@ def per_name(names: pd.Series, fn: Callable[[str], Any], dtype: Any = object) ->
     return per[codes] if len(cats) else np.array([], dtype=dtype)
 
 
+@functools.lru_cache(maxsize=NAME_MEMO)
+def _engine(name: str) -> str:
+    return "cuda" if _CUDA_CORE.search(name) else "tensor" if _TENSOR_CORE.search(name) else ""
+
+
 def engine_of(names: pd.Series) -> pd.Series:
     """'tensor', 'cuda' or '' (not a matrix kernel, or not recognised) for each kernel name."""
-    return pd.Series(per_name(names, lambda n: "cuda" if _CUDA_CORE.search(n) else
-                              "tensor" if _TENSOR_CORE.search(n) else ""), index=names.index)
+    return pd.Series(per_name(names, _engine), index=names.index)
 
 
 def coalesced(dims: Any, strides: Any) -> bool:

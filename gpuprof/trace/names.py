@@ -10,6 +10,7 @@ suffix (``cuMemcpyDtoH_v2``, ``cudaStreamGetCaptureInfo_v2``, ``cudaLaunchKernel
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from typing import Any
@@ -159,6 +160,12 @@ def _comm(name: str, lower: str) -> str | None:
     return None
 
 
+#: Distinct names remembered by the per-name classifiers below: a job's ranks share their kernel
+#: names, so each name's patterns run once per process, not once per rank.
+NAME_MEMO = 1 << 16
+
+
+@functools.lru_cache(maxsize=NAME_MEMO)
 def comm_library(name: str) -> str | None:
     """The :data:`COMM_PATTERNS` label a kernel name matches first, or None (not communication)."""
     return _comm(name, name.lower())
@@ -239,6 +246,7 @@ KERNEL_CLASSES: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 
+@functools.lru_cache(maxsize=NAME_MEMO)
 def kernel_class(name: str) -> str:
     """``communication``, a :data:`KERNEL_CLASSES` label, or ``other``."""
     lower = name.lower()
