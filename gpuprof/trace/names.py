@@ -160,9 +160,11 @@ def _comm(name: str, lower: str) -> str | None:
     return None
 
 
-#: Distinct names remembered by the per-name classifiers below: a job's ranks share their kernel
-#: names, so each name's patterns run once per process, not once per rank.
-NAME_MEMO = 1 << 16
+#: Distinct names remembered by each per-name classifier below: a job's ranks share their kernel
+#: names, so each name's patterns run once per process, not once per rank. Real programs have a
+#: few hundred to a few thousand kernel names; the bound keeps what a hostile trace can leave held
+#: to 4,096 names of at most ``MAX_NAME`` (8 KB) each per classifier.
+NAME_MEMO = 1 << 12
 
 
 @functools.lru_cache(maxsize=NAME_MEMO)
