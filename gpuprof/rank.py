@@ -4,7 +4,7 @@ the view every analyzer reads (:class:`RankView`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -166,9 +166,7 @@ class RankView:
         """Kernels the optimizer launched: inside its own work of an ``Optimizer.step#...`` span
         (torch.optim records one per step; :func:`gpuprof.idle.optimizer_spans` leaves out a
         training closure run inside it). Found once per view; read-only."""
-        if "optimizer" not in self._update_masks:
-            self._update_masks["optimizer"] = self._in_optimizer()
-        return self._update_masks["optimizer"]
+        return self._mask("optimizer", self._in_optimizer)
 
     def _in_optimizer(self) -> pd.Series:
         spans = self.optimizer_spans()
@@ -184,9 +182,7 @@ class RankView:
         """Kernels launched by a per-parameter update loop that no optimizer annotated
         (:func:`gpuprof.hostops.update_loops`: the same few ops once per parameter after backward),
         on the loop's thread. Found once per view; read-only."""
-        if "loop" not in self._update_masks:
-            self._update_masks["loop"] = self._in_update_loop()
-        return self._update_masks["loop"]
+        return self._mask("loop", self._in_update_loop)
 
     def _in_update_loop(self) -> pd.Series:
         loops = self.update_loops()
@@ -204,9 +200,13 @@ class RankView:
         (:meth:`in_optimizer`) or an unannotated per-parameter loop's (:meth:`in_update_loop`).
         The model's fusions leave them to optimizer_fusion; ``torch.compile(model)`` leaves them eager.
         Found once per view; read-only."""
-        if "update" not in self._update_masks:
-            self._update_masks["update"] = self.in_optimizer() | self.in_update_loop()
-        return self._update_masks["update"]
+        return self._mask("update", lambda: self.in_optimizer() | self.in_update_loop())
+
+    def _mask(self, key: str, make: Callable[[], pd.Series]) -> pd.Series:
+        """A kernel mask of the view, made once (read-only, like the kernels)."""
+        if key not in self._update_masks:
+            self._update_masks[key] = make()
+        return self._update_masks[key]
 
     def host_confidence(self, otherwise: str = "high") -> str:
         """Confidence of a host-side estimate: lower when the unprofiled step time is unknown."""
