@@ -69,6 +69,36 @@ def test_host_speed_scales_host_spans_not_waits(tmp_path: Path) -> None:
     assert host_speed(g, 1.0) is g
 
 
+def test_host_speed_leaves_the_drivers_allocation_work_alone(tmp_path: Path) -> None:
+    """Synthetic trace (built here): a step that frees and allocates device memory between its
+    launches (what ``empty_cache()`` every step leaves). The speed factor slows the gaps and the
+    launches, but a ``cudaMalloc``'s or ``cudaFree``'s own time (the driver's mapping and
+    unmapping, and a free's return after its device sync) stays as traced: the profiler does not
+    slow the driver (``alloc_probe.py``, docs/replay.md)."""
+    b = TraceBuilder()
+    t, gpu_free = 10.0, 0.0
+    for i in range(6):
+        start = max(t + 5.0, gpu_free + 1.0)
+        b.launch(f"k{i}", t, start, 40.0, None)
+        gpu_free = start + 40.0
+        t += 3.0 + 4.0
+        b._x("cuda_runtime", "cudaMalloc", t, 150.0, 10, 1, {"correlation": 80_000 + i})
+        t += 150.0 + 4.0
+    end = max(t + 300.0, gpu_free + 200.0)  # a cudaFree past the last kernel
+    b._x("cuda_runtime", "cudaFree", t, end - t, 10, 1, {"correlation": 90_000})
+    b.annotation("ProfilerStep#1", 0.0, end + 10.0)
+    g = build([load_trace(b.write(tmp_path / "synthetic_alloc_speed.json"))])
+    names = np.asarray(g.h_name, dtype=str)
+    driver = np.isin(names, ["cudaMalloc", "cudaFree"])
+    assert np.array_equal(g.h_driver, driver) and driver.sum() == 7 and (~driver).sum() == 6
+    h = host_speed(g, 0.5)
+    assert np.allclose(h.h_dur[driver], g.h_dur[driver]) and np.allclose(h.h_dur[~driver], 0.5 * g.h_dur[~driver])
+    assert np.allclose(h.h_gap, np.where(g.h_gap > 0, 0.5 * g.h_gap, g.h_gap))
+    assert np.allclose(h.h_tail[driver], g.h_tail[driver])
+    # the faster host shortens the step, by less than a host slowed whole would
+    assert steady_ms(h) < steady_ms(g)
+
+
 def test_bracket_that_overshoots_falls_back_to_one_cost_per_event() -> None:
     """Where the bracket estimate alone would replay faster than the real step (here: ten times
     the trace's own), the host is the smallest cost per event that replays it, with no speed

@@ -40,7 +40,7 @@ import pandas as pd
 
 from gpuprof.errors import GpuprofError
 from gpuprof.trace.model import RankTrace
-from gpuprof.trace.names import REPLAY_COPY_CALLS, REPLAY_SYNC_CALLS
+from gpuprof.trace.names import ALLOCATOR_CALLS, REPLAY_COPY_CALLS, REPLAY_SYNC_CALLS
 
 KINDS = ("kernel", "memcpy")
 #: A call lasting this many times its name's median that saw GPU work finish was held by the GPU.
@@ -77,6 +77,7 @@ class Graph:
     h_step: np.ndarray  # index of the rank's step (row of ``steps``), -1
     h_bp: np.ndarray  # activity whose end frees this call's slot in a full launch queue, -1
     h_bpw: np.ndarray  # µs from that end to the call's start
+    h_driver: np.ndarray  # bool: an allocation or release call, whose own time is the driver's work
     # GPU activities
     a_rank: np.ndarray
     a_kind: np.ndarray  # 0 kernel, 1 memcpy/memset (index into KINDS)
@@ -201,10 +202,23 @@ def _build(traces: Sequence[RankTrace]) -> Graph:
         h_rank=h["rank_i"].to_numpy(), h_row=h["row"].to_numpy(), h_name=h["name"].to_numpy(dtype=object),
         h_ts=h["ts"].to_numpy(), h_end=h["end"].to_numpy(), h_first=h_first, h_gap=h_gap, h_dur=h_dur,
         h_wait=h_wait, h_tail=h_tail, h_events=h["events"].to_numpy(), h_step=h["step"].to_numpy(), h_bp=h_bp, h_bpw=h_bpw,
+        h_driver=driver_calls(h["name"].to_numpy(dtype=object)),
         a_rank=a["rank_i"].to_numpy(), a_kind=a["kind"].to_numpy(), a_row=a["row"].to_numpy(),
         a_stream=a["stream"].to_numpy(), a_ts=a["ts"].to_numpy(), a_end=a["end"].to_numpy(), a_first=a_first,
         a_launch=launch, a_lat=lat, a_sgap=sgap, a_dep=dep, a_depw=depw, a_dur=dur, a_coll=coll,
         a_step=a["step"].to_numpy(), s_rank=s_rank, s_cpu_start=s_cpu, s_anchor=s_anchor)
+
+
+def driver_calls(names: np.ndarray) -> np.ndarray:
+    """Which calls allocate or release memory (``ALLOCATOR_CALLS``): their own time is the
+    driver's work (mapping or unmapping memory, the device synchronisation of a ``cudaFree``),
+    which the profiler slows only by its fixed cost per call, not as it slows Python and dispatch
+    (``gpuprof.replay.host.host_speed``). Decided once per distinct name."""
+    codes, uniq = pd.factorize(names)
+    wanted = set(ALLOCATOR_CALLS)
+    hit = np.array([u in wanted for u in uniq], dtype=bool)
+    out: np.ndarray = (hit[codes] & (codes >= 0)) if len(hit) else np.zeros(len(names), dtype=bool)
+    return out
 
 
 def _host_chain(h: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:

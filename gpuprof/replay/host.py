@@ -9,13 +9,13 @@ factor, :func:`host_speed`), searched on the replayed steady-state step. See doc
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from gpuprof.replay.graph import Graph
 from gpuprof.replay.run import run, steady_ms
-from gpuprof.replay.transforms import deflate, shrink_host, shrink_tail
+from gpuprof.replay.transforms import deflate, shrink_tail
 
 
 #: Within this share of the unprofiled step, a replay at the GPU's own floor is the measured step:
@@ -92,13 +92,16 @@ def calibrate(g: Graph, unprofiled_step_ms: float, tol: float = 0.002, max_iter:
 
 
 def host_speed(g: Graph, s: float) -> Graph:
-    """``g`` with every host span (the gaps, the calls, a waiting call's return after the GPU work
-    it waited for) ``s`` × as long: the host run ``1 / s`` × as fast. A call's wait for the GPU is
-    untouched."""
+    """``g`` with its host run ``1 / s`` × as fast: every gap (Python, the dispatcher) ``s`` × as
+    long, and every call, with a waiting call's return after the GPU work it waited for, except the
+    driver's own work in allocation and release calls (``Graph.h_driver``: the profiler adds its
+    fixed cost per call there, taken out by :func:`deflate`, but does not slow the driver). A
+    call's wait for the GPU is untouched."""
     if s == 1.0:
         return g
-    every = np.ones(g.n_host, dtype=bool)
-    return shrink_tail(shrink_host(g, every, s), every, s)
+    calls = ~g.h_driver
+    g = replace(g, h_gap=np.where(g.h_gap > 0, g.h_gap * s, g.h_gap), h_dur=np.where(calls, g.h_dur * s, g.h_dur))
+    return shrink_tail(g, calls, s)
 
 
 def largest_speed(g: Graph, target_ms: float, tol: float = 0.002, max_iter: int = 40) -> float:

@@ -133,7 +133,7 @@ def join(parts: Sequence[RankGraph]) -> Graph:
         h_rank=index(lambda x: x.n_host), h_row=cat("h_row"), h_name=cat("h_name"), h_ts=timed("h_ts"),
         h_end=timed("h_end"), h_first=cat("h_first"), h_gap=cat("h_gap"), h_dur=cat("h_dur"),
         h_wait=cat("h_wait", na), h_tail=cat("h_tail"), h_events=cat("h_events"), h_step=cat("h_step"),
-        h_bp=cat("h_bp", na), h_bpw=cat("h_bpw"),
+        h_bp=cat("h_bp", na), h_bpw=cat("h_bpw"), h_driver=cat("h_driver"),
         a_rank=index(lambda x: x.n_acts), a_kind=cat("a_kind"), a_row=cat("a_row"), a_stream=cat("a_stream"),
         a_ts=timed("a_ts"), a_end=timed("a_end"), a_first=cat("a_first"), a_launch=cat("a_launch", nh),
         a_lat=cat("a_lat"), a_sgap=cat("a_sgap"), a_dep=cat("a_dep", na), a_depw=cat("a_depw"),
