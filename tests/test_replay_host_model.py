@@ -14,6 +14,7 @@ from benchmarks import host_regions
 from gpuprof.hostcost import bracket_cost_us
 from gpuprof.replay import build, calibrate, deflate, host_bounds, host_speed, run, steady_ms
 from gpuprof.jobs import load_trace_cached
+from gpuprof.replay.transforms import shrink_host, shrink_tail
 from gpuprof.trace.load import load_trace
 from tests.conftest import SAMPLES, TraceBuilder
 
@@ -74,7 +75,7 @@ def test_host_speed_leaves_the_drivers_allocation_work_alone(tmp_path: Path) -> 
     launches (what ``empty_cache()`` every step leaves). The speed factor slows the gaps and the
     launches, but a ``cudaMalloc``'s or ``cudaFree``'s own time (the driver's mapping and
     unmapping, and a free's return after its device sync) stays as traced: the profiler does not
-    slow the driver (``alloc_probe.py``, docs/replay.md)."""
+    slow the driver (docs/replay.md, "Allocation calls and the speed factor")."""
     b = TraceBuilder()
     t, gpu_free = 10.0, 0.0
     for i in range(6):
@@ -95,8 +96,9 @@ def test_host_speed_leaves_the_drivers_allocation_work_alone(tmp_path: Path) -> 
     assert np.allclose(h.h_dur[driver], g.h_dur[driver]) and np.allclose(h.h_dur[~driver], 0.5 * g.h_dur[~driver])
     assert np.allclose(h.h_gap, np.where(g.h_gap > 0, 0.5 * g.h_gap, g.h_gap))
     assert np.allclose(h.h_tail[driver], g.h_tail[driver])
-    # the faster host shortens the step, by less than a host slowed whole would
-    assert steady_ms(h) < steady_ms(g)
+    # the faster host shortens the step, by less than a host sped up whole would
+    whole = shrink_tail(shrink_host(g, np.ones(g.n_host, dtype=bool), 0.5), np.ones(g.n_host, dtype=bool), 0.5)
+    assert steady_ms(whole) < steady_ms(h) < steady_ms(g)
 
 
 def test_bracket_that_overshoots_falls_back_to_one_cost_per_event() -> None:

@@ -56,7 +56,7 @@ import pandas as pd
 
 from gpuprof.errors import GpuprofError
 from gpuprof.replay import transforms as tf
-from gpuprof.replay.graph import Graph, build
+from gpuprof.replay.graph import Graph, build, named
 from gpuprof.replay.host import host_bounds
 from gpuprof.replay.run import steady_ms
 from gpuprof.replay.transforms import deflate
@@ -632,7 +632,7 @@ def _gap_fix(g: Graph, v: RankView, category: str, gi: np.ndarray, saved: np.nda
         from gpuprof.trace.names import ALLOCATOR_CALLS
 
         alloc = memo.trace("allocator_calls", lambda: (g.h_rank == i) & (g.h_step >= 0)
-                           & _named(g.h_name, ALLOCATOR_CALLS))
+                           & named(g.h_name, ALLOCATOR_CALLS))
         calls |= alloc
         factor[alloc] = 0.0
         g = tf.drop_waits(g, alloc)
@@ -649,8 +649,8 @@ def _gap_fix(g: Graph, v: RankView, category: str, gi: np.ndarray, saved: np.nda
             fetches = np.zeros(g.n_host, dtype=bool)
             fetches[g.a_launch[to_host & (g.a_launch >= 0)]] = True
             every = REPLAY_SYNC_CALLS | SYNC_CALLS | REPLAY_COPY_CALLS
-            syncs = _named(g.h_name, [n for n in every if "ynchronize" in n])
-            return to_host, syncs | (_named(g.h_name, every) & fetches)
+            syncs = named(g.h_name, [n for n in every if "ynchronize" in n])
+            return to_host, syncs | (named(g.h_name, every) & fetches)
 
         to_host, may_wait = memo.trace("fetches", fetching)
         waiting = calls & (g.h_wait >= 0) & may_wait
@@ -663,16 +663,6 @@ def _gap_fix(g: Graph, v: RankView, category: str, gi: np.ndarray, saved: np.nda
     acts = tf.activities_launched_by(g, calls)
     g = tf.shrink_latency(g, acts, factor[np.maximum(g.a_launch, 0)])
     return tf.shrink_latency(g, ending, f_act)
-
-
-def _named(names: np.ndarray, among: Iterable[str]) -> np.ndarray:
-    """Which of the call names ``names`` are ``among`` the given ones, decided once per distinct
-    name (``np.isin`` on the object column sorts every row's string)."""
-    codes, uniq = pd.factorize(names)
-    wanted = set(among)
-    hit = np.array([u in wanted for u in uniq], dtype=bool)
-    out: np.ndarray = (hit[codes] & (codes >= 0)) if len(hit) else np.zeros(len(names), dtype=bool)
-    return out
 
 
 def _to_host(g: Graph, v: RankView) -> np.ndarray:

@@ -31,7 +31,7 @@ a transformation moves a node only as far as its other constraints allow.
 from __future__ import annotations
 
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -209,16 +209,22 @@ def _build(traces: Sequence[RankTrace]) -> Graph:
         a_step=a["step"].to_numpy(), s_rank=s_rank, s_cpu_start=s_cpu, s_anchor=s_anchor)
 
 
+def named(names: np.ndarray, among: Iterable[str]) -> np.ndarray:
+    """Which of the call names ``names`` are ``among`` the given ones, decided once per distinct
+    name (``np.isin`` on the object column sorts every row's string)."""
+    codes, uniq = pd.factorize(names)
+    wanted = set(among)
+    hit = np.array([u in wanted for u in uniq], dtype=bool)
+    out: np.ndarray = (hit[codes] & (codes >= 0)) if len(hit) else np.zeros(len(names), dtype=bool)
+    return out
+
+
 def driver_calls(names: np.ndarray) -> np.ndarray:
     """Which calls allocate or release memory (``ALLOCATOR_CALLS``): their own time is the
     driver's work (mapping or unmapping memory, the device synchronisation of a ``cudaFree``),
     which the profiler slows only by its fixed cost per call, not as it slows Python and dispatch
-    (``gpuprof.replay.host.host_speed``). Decided once per distinct name."""
-    codes, uniq = pd.factorize(names)
-    wanted = set(ALLOCATOR_CALLS)
-    hit = np.array([u in wanted for u in uniq], dtype=bool)
-    out: np.ndarray = (hit[codes] & (codes >= 0)) if len(hit) else np.zeros(len(names), dtype=bool)
-    return out
+    (``gpuprof.replay.host.host_speed``)."""
+    return named(names, ALLOCATOR_CALLS)
 
 
 def _host_chain(h: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:

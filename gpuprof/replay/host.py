@@ -15,7 +15,7 @@ import numpy as np
 
 from gpuprof.replay.graph import Graph
 from gpuprof.replay.run import run, steady_ms
-from gpuprof.replay.transforms import deflate, shrink_tail
+from gpuprof.replay.transforms import deflate, shrink_host, shrink_tail
 
 
 #: Within this share of the unprofiled step, a replay at the GPU's own floor is the measured step:
@@ -99,9 +99,10 @@ def host_speed(g: Graph, s: float) -> Graph:
     call's wait for the GPU is untouched."""
     if s == 1.0:
         return g
-    calls = ~g.h_driver
-    g = replace(g, h_gap=np.where(g.h_gap > 0, g.h_gap * s, g.h_gap), h_dur=np.where(calls, g.h_dur * s, g.h_dur))
-    return shrink_tail(g, calls, s)
+    every = np.ones(g.n_host, dtype=bool)
+    h = shrink_host(g, every, s)
+    h = replace(h, h_dur=np.where(g.h_driver, g.h_dur, h.h_dur))  # the driver's own work stays
+    return shrink_tail(h, ~g.h_driver, s)
 
 
 def largest_speed(g: Graph, target_ms: float, tol: float = 0.002, max_iter: int = 40) -> float:
