@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.pairs import H200, HELD_OUT, step_ms
+from benchmarks.pairs import H200, HELD_OUT_DIRS, step_ms
 from gpuprof.replay.fixes import host_free
 from gpuprof.replay.graph import build
 from gpuprof.replay.run import steady_ms
@@ -25,7 +25,7 @@ from gpuprof.trace.load import load_trace
 
 def rows() -> list[dict[str, float | str]]:
     out: list[dict[str, float | str]] = []
-    for f in sorted([*H200.glob("*.json.gz"), *HELD_OUT.glob("*.json.gz")]):
+    for f in sorted([*H200.glob("*.json.gz"), *(p for d in HELD_OUT_DIRS for p in d.glob("*.json.gz"))]):
         name = f.name[:-len(".json.gz")]
         try:
             unprofiled = step_ms(name)

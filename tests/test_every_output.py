@@ -2,7 +2,7 @@
 Chromium with what it logged checked, the terminal summary at 80 and 200 columns, the JSON
 report, the annotated trace, and ``diff`` of two traces of one program.
 
-Corpora: ``sample_traces/`` (the H200 samples, their held-out and framework runs, the regions'
+Corpora: ``sample_traces/`` (the H200 samples, their held-out (some on an H100) and framework runs, the regions'
 traces), ``../shared/traces/public`` and ``../shared/traces/hta`` (Holistic Trace Analysis's own
 test traces); the shared ones are skipped with the reason where they are absent.
 
@@ -39,8 +39,9 @@ def _samples() -> dict[str, Path]:
     for p in sorted(SAMPLES.iterdir()):
         if p.name.endswith(".json.gz") or (p.is_dir() and p.name not in ("timings", "heldout", "frameworks")):
             out[f"samples/{p.name.removesuffix('.json.gz')}"] = p
-    for p in sorted((SAMPLES / "heldout").glob("*.json.gz")):
-        out[f"samples/heldout/{p.name.removesuffix('.json.gz')}"] = p
+    for held in (SAMPLES / "heldout", ROOT / "sample_traces" / "h100" / "heldout"):  # round 6 ran on an H100
+        for p in sorted(held.glob("*.json.gz")):
+            out[f"samples/heldout/{p.name.removesuffix('.json.gz')}"] = p
     for p in sorted(x for x in (SAMPLES / "heldout").iterdir() if (x / "manifest.json").is_file()):
         out[f"samples/heldout/{p.name}"] = p  # run folders of gpuprof record (round 5)
     for p in sorted(x for x in (SAMPLES / "frameworks").iterdir() if x.is_dir()):

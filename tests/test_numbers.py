@@ -27,6 +27,7 @@ from tests.conftest import SAMPLES, TraceBuilder
 # folders that are one program's ranks or run; `heldout/` and `frameworks/` are collections of
 # unrelated programs (with their timings beside them), not one program's ranks.
 REPORTABLE = sorted([*SAMPLES.glob("*.json.gz"), *SAMPLES.glob("heldout/*.json.gz"),
+                     *SAMPLES.parent.glob("h100/heldout/*.json.gz"),
                      *(d for d in [*SAMPLES.iterdir(), *SAMPLES.glob("frameworks/run_*")]
                        if (d / "manifest.json").exists() or any(d.glob("rank*.json.gz")))])
 
@@ -79,7 +80,7 @@ def test_a_kernel_above_its_roofline_is_flagged_and_left_out(tmp_path: Path) -> 
     assert any("above its roofline" in w for w in doc["warnings"])
 
 
-@pytest.mark.parametrize("sample", REPORTABLE, ids=lambda p: str(p.relative_to(SAMPLES)))
+@pytest.mark.parametrize("sample", REPORTABLE, ids=lambda p: str(p.relative_to(SAMPLES.parent)))
 def test_no_sample_kernel_above_its_roofline_unless_flagged(sample: Path) -> None:
     doc = json.loads(gpuprof.analyze(sample).to_json())
     over = [k["name"] for k in doc["kernels"] if (k["roofline_pct"] or 0) > MODEL_ERROR_PCT]
