@@ -2,9 +2,10 @@
 Chromium with what it logged checked, the terminal summary at 80 and 200 columns, the JSON
 report, the annotated trace, and ``diff`` of two traces of one program.
 
-Corpora: ``sample_traces/`` (the H200 samples, their held-out (some on an H100) and framework runs, the regions'
-traces), ``../shared/traces/public`` and ``../shared/traces/hta`` (Holistic Trace Analysis's own
-test traces); the shared ones are skipped with the reason where they are absent.
+Corpora: ``sample_traces/`` (the H200 samples, their held-out pairs, round 6's recorded on an H100,
+their framework runs, the regions' traces), ``../shared/traces/public`` and
+``../shared/traces/hta`` (Holistic Trace Analysis's own test traces); the shared ones are skipped
+with the reason where they are absent.
 
 Each trace is analysed once and each output rendered once, for the whole session, by a pool of
 processes (:func:`rendered`); the pages are then opened by one Chromium per core
@@ -27,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.pairs import HELD_OUT_DIRS
 from tests.conftest import ROOT, SAMPLES
 
 SHARED = ROOT / ".." / "shared" / "traces"
@@ -39,7 +41,7 @@ def _samples() -> dict[str, Path]:
     for p in sorted(SAMPLES.iterdir()):
         if p.name.endswith(".json.gz") or (p.is_dir() and p.name not in ("timings", "heldout", "frameworks")):
             out[f"samples/{p.name.removesuffix('.json.gz')}"] = p
-    for held in (SAMPLES / "heldout", ROOT / "sample_traces" / "h100" / "heldout"):  # round 6 ran on an H100
+    for held in HELD_OUT_DIRS:  # h200/heldout and h100/heldout (round 6)
         for p in sorted(held.glob("*.json.gz")):
             out[f"samples/heldout/{p.name.removesuffix('.json.gz')}"] = p
     for p in sorted(x for x in (SAMPLES / "heldout").iterdir() if (x / "manifest.json").is_file()):

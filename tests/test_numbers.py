@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import gpuprof
+from benchmarks.pairs import HELD_OUT_DIRS
 from gpuprof.claims import LOW_CONFIDENCE_WEIGHT, NEGLIGIBLE_PCT, RANKING, split_notes
 from gpuprof.findings import Finding
 from gpuprof.roofline import MODEL_ERROR_PCT, classify
@@ -26,8 +27,7 @@ from tests.conftest import SAMPLES, TraceBuilder
 # Every input a user could hand `gpuprof report`: the single traces (the held-out ones too) and the
 # folders that are one program's ranks or run; `heldout/` and `frameworks/` are collections of
 # unrelated programs (with their timings beside them), not one program's ranks.
-REPORTABLE = sorted([*SAMPLES.glob("*.json.gz"), *SAMPLES.glob("heldout/*.json.gz"),
-                     *SAMPLES.parent.glob("h100/heldout/*.json.gz"),
+REPORTABLE = sorted([*SAMPLES.glob("*.json.gz"), *(p for d in HELD_OUT_DIRS for p in d.glob("*.json.gz")),
                      *(d for d in [*SAMPLES.iterdir(), *SAMPLES.glob("frameworks/run_*")]
                        if (d / "manifest.json").exists() or any(d.glob("rank*.json.gz")))])
 
