@@ -629,10 +629,7 @@ def _gap_fix(g: Graph, v: RankView, category: str, gi: np.ndarray, saved: np.nda
     calls, factor, stretch, ending, f_act = memo.fix("gaps", held_calls)
     calls, factor = calls.copy(), factor.copy()
     if category == "allocator_churn":
-        from gpuprof.trace.names import ALLOCATOR_CALLS
-
-        alloc = memo.trace("allocator_calls", lambda: (g.h_rank == i) & (g.h_step >= 0)
-                           & named(g.h_name, ALLOCATOR_CALLS))
+        alloc = (g.h_rank == i) & (g.h_step >= 0) & g.h_driver  # the rank's allocation calls in steps
         calls |= alloc
         factor[alloc] = 0.0
         g = tf.drop_waits(g, alloc)

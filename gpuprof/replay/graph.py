@@ -77,7 +77,11 @@ class Graph:
     h_step: np.ndarray  # index of the rank's step (row of ``steps``), -1
     h_bp: np.ndarray  # activity whose end frees this call's slot in a full launch queue, -1
     h_bpw: np.ndarray  # µs from that end to the call's start
-    h_driver: np.ndarray  # bool: an allocation or release call, whose own time is the driver's work
+    #: bool: an allocation or release call (``ALLOCATOR_CALLS``): its own time is the driver's work
+    #: (mapping or unmapping memory, the device synchronisation of a ``cudaFree``), which the
+    #: profiler slows only by its fixed cost per call, not as it slows Python and dispatch
+    #: (``gpuprof.replay.host.host_speed``)
+    h_driver: np.ndarray
     # GPU activities
     a_rank: np.ndarray
     a_kind: np.ndarray  # 0 kernel, 1 memcpy/memset (index into KINDS)
@@ -202,7 +206,7 @@ def _build(traces: Sequence[RankTrace]) -> Graph:
         h_rank=h["rank_i"].to_numpy(), h_row=h["row"].to_numpy(), h_name=h["name"].to_numpy(dtype=object),
         h_ts=h["ts"].to_numpy(), h_end=h["end"].to_numpy(), h_first=h_first, h_gap=h_gap, h_dur=h_dur,
         h_wait=h_wait, h_tail=h_tail, h_events=h["events"].to_numpy(), h_step=h["step"].to_numpy(), h_bp=h_bp, h_bpw=h_bpw,
-        h_driver=driver_calls(h["name"].to_numpy(dtype=object)),
+        h_driver=named(h["name"].to_numpy(dtype=object), ALLOCATOR_CALLS),
         a_rank=a["rank_i"].to_numpy(), a_kind=a["kind"].to_numpy(), a_row=a["row"].to_numpy(),
         a_stream=a["stream"].to_numpy(), a_ts=a["ts"].to_numpy(), a_end=a["end"].to_numpy(), a_first=a_first,
         a_launch=launch, a_lat=lat, a_sgap=sgap, a_dep=dep, a_depw=depw, a_dur=dur, a_coll=coll,
@@ -217,14 +221,6 @@ def named(names: np.ndarray, among: Iterable[str]) -> np.ndarray:
     hit = np.array([u in wanted for u in uniq], dtype=bool)
     out: np.ndarray = (hit[codes] & (codes >= 0)) if len(hit) else np.zeros(len(names), dtype=bool)
     return out
-
-
-def driver_calls(names: np.ndarray) -> np.ndarray:
-    """Which calls allocate or release memory (``ALLOCATOR_CALLS``): their own time is the
-    driver's work (mapping or unmapping memory, the device synchronisation of a ``cudaFree``),
-    which the profiler slows only by its fixed cost per call, not as it slows Python and dispatch
-    (``gpuprof.replay.host.host_speed``)."""
-    return named(names, ALLOCATOR_CALLS)
 
 
 def _host_chain(h: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
