@@ -8,8 +8,8 @@ per step, and a trace is written.
 
 On a GPU (``pytest -m gpu``): each program at full size, once plain and once recorded: the
 recorder's ``unprofiled_step_ms`` is within 5 % of the recorded program's own clock (CUDA events)
-over the same steps, the steps after profiling were timed with CUPTI torn down, and the timing
-converged. The plain run's clock is printed beside them, not held to 5 %: on the lent H200 a
+over the same steps (its windows before and after the profiler), the steps after profiling were
+timed with CUPTI torn down, and the timing converged. The plain run's clock is printed beside them, not held to 5 %: on the lent H200 a
 host-bound program's speed moves by up to 30 % from one process to the next
 (sample_traces/README.md, "Programs as users run them").
 """
@@ -30,6 +30,10 @@ from tests.conftest import ROOT
 from tests.test_record_steps import profiler_steps
 
 PROGRAMS = ROOT / "sample_traces" / "programs" / "frameworks"
+#: the GPU test's programs run 500 steps: the Lightning and FSDP2 programs' chunks spread by 30 %,
+#: and the timing before and after the profiler together holds their mean within 2 % only past
+#: about 400 (docs/collector.md, "after the profiler, the timing goes on")
+GPU_ARGS = ["--steps", "500"]
 # name -> (module it needs, command after python, the counted optimizer's class)
 CASES: dict[str, tuple[str, list[str], str]] = {
     "lightning_resnet": ("lightning", [str(PROGRAMS / "lightning_resnet.py")], "SGD"),
@@ -74,11 +78,11 @@ def test_framework_dry_run_counts_one_step_per_optimizer_step(tmp_path: Path, na
 def test_framework_unprofiled_step_matches_its_own_clock(tmp_path: Path, name: str) -> None:
     """#25: the recorder's steady-state figure within 5 % of the program's own clock on the same steps."""
     plain = tmp_path / f"{name}.plain.json"
-    r = subprocess.run([sys.executable, *CASES[name][1], "--timing-out", str(plain)], capture_output=True, text=True,
-                       timeout=600, cwd=tmp_path, env={**os.environ, "NCCL_NVLS_ENABLE": "0"})
+    r = subprocess.run([sys.executable, *CASES[name][1], *GPU_ARGS, "--timing-out", str(plain)], capture_output=True,
+                       text=True, timeout=600, cwd=tmp_path, env={**os.environ, "NCCL_NVLS_ENABLE": "0"})
     assert r.returncode == 0, r.stderr[-4000:]
     own = json.loads(plain.read_text())["step_ms"]
-    m, rec_own = record(tmp_path, name, ["--schedule", "1,1,2"], [], timeout=600)
+    m, rec_own = record(tmp_path, name, ["--schedule", "1,1,2"], GPU_ARGS, timeout=600)
     timing = m["ranks"][0]["unprofiled_timing"]
     got = m["unprofiled_step_ms"]
     print(json.dumps({"program": name, "own_clock_ms": own, "recorded_runs_own_clock_ms": rec_own.get("step_ms"),
@@ -87,8 +91,12 @@ def test_framework_unprofiled_step_matches_its_own_clock(tmp_path: Path, name: s
     if rec_own.get("workers"):  # chunks of whole loader cycles (window.py)
         assert timing["loader_workers"] == rec_own["workers"] and timing["chunk_steps"] % rec_own["workers"] == 0
     assert m["ranks"][0]["steps_seen"] == rec_own["optimizer_steps"]
-    w, start = timing["window"], rec_own["per_step_from"]
+    # the steps of the figure: its windows before and after the profiler (window.py), each step once
+    w, start = timing["windows"], rec_own["per_step_from"]
     same = [x for i, (x, prof) in enumerate(zip(rec_own["per_step_ms"], rec_own["profiled"]))
-            if w["first_step"] <= start + i <= w["last_step"] and not prof]
-    assert same and abs(got - sum(same) / len(same)) <= 0.05 * sum(same) / len(same), (got, same, w)
+            if any(lo <= start + i <= hi for lo, hi in w) and not prof]
+    # (the program's clock leaves out the two steps after each profiled one, the recorder three)
+    assert 0 <= timing["steps"] - len(same) <= 2 * len(w), (len(same), timing["steps"], w)
+    assert abs(got - sum(same) / len(same)) <= 0.05 * sum(same) / len(same), (got, same, w)
+    print(json.dumps({"program": name, "vs_own_steady_clock": got / rec_own["step_ms"]}))
     assert m["profiler"]["teardown_cupti"]["value"] == "1" and m["after_profiling_step_ms"] > 0, m["profiler"]

@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from gpuprof.record.window import (BUDGET_CHUNKS, CHUNK_MIN_S, CHUNK_STEPS, MIN_CHUNKS, Window, chunk_steps, mser,
-                                   whole_cycles)
+from gpuprof.record.window import (AFTER_BUDGET_CHUNKS, BUDGET_CHUNKS, CHUNK_MIN_S, CHUNK_STEPS, MIN_CHUNKS, Window,
+                                   chunk_steps, mser, whole_cycles)
 from tests.test_record import FAST, manifest, record, write
 
 
@@ -223,6 +223,98 @@ def test_chunks_hold_whole_cycles_of_the_dataloaders_workers() -> None:
     got, info = w.result()
     assert info["converged"] is True and info["spread_pct"] == 0.0 and got == pytest.approx(25.75)
     assert at == 6 + 12 * MIN_CHUNKS
+
+
+def run_both(ms: list[float], prof: int = 4, skip_after: int = 2) -> tuple[Window, Window | None]:
+    """:func:`run_window`, then ``prof`` profiled steps, then the steady rule's timing after the
+    profiler (as gpuprof.record.hook drives it) over the rest of ``ms``: (before, after)."""
+    now, start = [0.0], 6
+    w, a = Window(start, None, clock=lambda: now[0]), None
+    started = stopped = None
+    for i, dt in enumerate(ms):
+        step = start + i
+        now[0] += dt / 1000.0
+        if started is None:
+            w.sample(None)
+            if w.due(step):
+                w.mark(step, None)
+            if w.decide():
+                started = step
+        elif stopped is None:
+            if step - started >= prof:
+                stopped = step
+                a = Window(step + skip_after + 1, None, clock=lambda: now[0], every=w.chunk_steps)
+        elif a is not None and a.due(step):
+            a.mark(step, None)
+            if not a.closed and w.after_enough(a):
+                a.closed = a.decided = True
+    w.stop("the program ended")
+    if a is not None:
+        a.stop("the program ended")
+    return w, a
+
+
+def test_a_loop_too_noisy_for_the_budget_is_timed_on_after_the_profiler() -> None:
+    """Synthetic: chunk means that swing 18 <-> 25 ms (a loader-bound loop's, the shape of the
+    Lightning ResNet-18's on the H200: 30 % spread, 3.4 % standard error after the 10-chunk
+    budget) do not converge before the profiler; the timing goes on after it, in chunks of the
+    same length, and the two together do, their figure the mean of both."""
+    swing = [18.0] * 10 + [22.0] * 10 + [25.0] * 10 + [21.0] * 10  # 40-step period, mean 21.5
+    ms = swing * 20
+    w, a = run_both(ms)
+    assert a is not None and w.converged is False and len(w.chunks) == BUDGET_CHUNKS
+    got, info = w.result(after=a)
+    assert info["converged"] is True and "not_converged_why" not in info
+    (b0, b1), (a0, a1) = info["windows"]
+    assert info["before_profiling"]["converged"] is False and info["before_profiling"]["steps"] == b1 - b0 + 1
+    end = w.chunks[-1].last_step  # then 4 profiled steps, 2 exporting, one boundary step, then timed again
+    assert (b0, b1) == (info["window"]["first_step"], end) and a0 == end + 4 + 2 + 2 and a1 == info["window"]["last_step"]
+    assert all(c["steps"][1] - c["steps"][0] + 1 == w.chunk_steps for c in info["chunks"] if c.get("after_profiling"))
+    assert a1 - a0 + 1 >= 100  # at least as many steps as before the profiler, then until both hold
+    # the figure is the plain mean of the steps in the two windows
+    steps = [ms[s - 6] for lo, hi in info["windows"] for s in range(lo, hi + 1)]
+    assert got == pytest.approx(sum(steps) / len(steps)) and got == pytest.approx(21.5, rel=0.02)
+    assert info["steps"] == len(steps) and a.closed and len(a.chunks) < AFTER_BUDGET_CHUNKS
+
+
+def test_a_program_whose_speed_moves_is_timed_before_and_after_the_profiler() -> None:
+    """Synthetic: a loop at 37 ms that settles at 42 ms after its first sixty steps (the
+    Accelerate program's own clock on the H200: 37.3 over steps 7-56, 42.4 over 60-260) converges
+    before the profiler on the fast steps; the steps after it pull the figure toward the rest of
+    the run, and the record keeps the figure before."""
+    ms = [37.0] * 60 + [42.0] * 400
+    w, a = run_both(ms)
+    assert a is not None and w.converged is True
+    before, _ = w.result()
+    got, info = w.result(after=a)
+    assert before == pytest.approx(37.0) and info["before_profiling"]["step_ms"] == pytest.approx(37.0)
+    assert got > 39.0 and info["steps"] > info["before_profiling"]["steps"]
+    # a program that ends first keeps what was timed, and says the rule's end was not reached
+    w, a = run_both(ms[:80])
+    got, info = w.result(after=a)
+    assert info["converged"] is False and info["not_converged_why"] == "the program ended"
+    assert 37.0 < got < 42.0 and len(info["windows"]) == 2
+
+
+def test_the_steps_after_the_profiler_count_only_where_it_left_nothing_behind(tmp_path: Path) -> None:
+    """gpuprof.record.hook.Recorder.pools: the steady rule, the same clock, CUPTI torn down at the
+    profiler's stop (or no CUDA). Synthetic windows."""
+    from gpuprof.record.hook import Recorder
+
+    r = Recorder(tmp_path, (5, -1, 1, 1, 2, 1), False, False)
+    assert not r.pools()  # nothing timed after
+    r.after = Window(20, None, every=10)
+    assert r.pools()  # host clock: no CUPTI to leave behind
+    r.window.cuda = r.after.cuda = True
+    for value, pools in (("1", True), ("0", False), (None, False)):
+        r.teardown_cupti = value
+        assert r.pools() is pools, value
+    r.teardown_cupti = "1"
+    r.after.failed = "CUDA events failed"
+    assert not r.pools()
+    fixed = Recorder(tmp_path, (5, 3, 1, 1, 2, 1), False, False)
+    fixed.after, fixed.teardown_cupti = Window(20, 20), "1"
+    assert not fixed.pools()  # --timed-steps N: the window is those steps, the check apart
 
 
 def test_a_fixed_window_is_the_n_steps_after_the_skipped_ones() -> None:

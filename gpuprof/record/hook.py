@@ -39,9 +39,11 @@ stops and discards its window, before the program's starts (two Kineto sessions 
 fail or crash), and the record says so. On exit, a crash, SIGTERM, SIGHUP or Ctrl-C, an active
 window is stopped and written, and the rank's record ``traces/{name}.meta.json`` is saved.
 
-After the profiler stops, the recorder times :data:`AFTER_STEPS` more steps (one window, the same
-CUDA events, :data:`AFTER_SKIP` steps after the stop so that the trace's export is not in it) and
-records them as ``after_profiling_step_ms``: whether the program went back to its unprofiled
+After the profiler stops, the recorder times more steps (the same CUDA events, from
+:data:`AFTER_SKIP` steps after the stop so that the trace's export is not in them): under the
+steady rule in chunks until the steps before and after the profiler together hold their mean
+(window.py), the figure then pooling both; with ``--timed-steps N``, :data:`AFTER_STEPS` steps. They
+are recorded as ``after_profiling_step_ms``: whether the program went back to its unprofiled
 speed. It did not under torch 2.11 unless CUPTI is torn down at the profiler's stop, which the
 launcher asks for (``TEARDOWN_CUPTI=1``; docs/collector.md); the record keeps the value the
 process saw at the stop (torch sets ``0`` itself where CUDA graphs need it).
@@ -148,7 +150,11 @@ class Recorder:
         if self.finished:
             a = self.after
             if a is not None and a.due(self.steps):
-                a.mark(self.steps, self._after_event(a))
+                a.mark(self.steps, self._after_event(a), self.loader_s if self.loader_seen else None)
+                if a.every is not None and not a.closed:  # the steady rule goes on (window.py)
+                    a.resolve()
+                    if self.window.after_enough(a):
+                        a.closed = a.decided = True
             return
         if self.prof is not None:
             self._advance()
@@ -258,8 +264,16 @@ class Recorder:
                     "steps": [steps["first_step"], steps["last_step"]] if steps else None,
                     "teardown_cupti": self.teardown_cupti}
 
+    def pools(self) -> bool:
+        """Whether the steps timed after the profiler count in the unprofiled figure (window.py):
+        under the steady rule, on the same clock, with nothing of the profiler left behind (CUPTI
+        torn down at its stop, or no CUDA)."""
+        a, w = self.after, self.window
+        return (a is not None and a.every is not None and not w.failed and not a.failed and a.cuda == w.cuda
+                and (self.teardown_cupti == "1" or not w.cuda))
+
     def unprofiled(self, block: bool = False) -> tuple[float | None, dict[str, Any]]:
-        ms, info = self.window.result(block)
+        ms, info = self.window.result(block, self.after if self.pools() else None)
         timing = dict(self.timing, **info)
         if self.window.failed:
             timing.update(method="host_clock", why=self.window.failed)
@@ -348,7 +362,9 @@ class Recorder:
                 self._fail(f"profiler stop failed: {e.__class__.__name__}: {e}")
             self.teardown_cupti = os.environ.get("TEARDOWN_CUPTI")
             if not self.failures and not self.discard:
-                self.after = Window(self.steps + AFTER_SKIP + 1, AFTER_STEPS)
+                first = self.steps + AFTER_SKIP + 1
+                self.after = (Window(first, AFTER_STEPS) if self.fixed is not None else  # the check alone
+                              Window(first, None, every=self.window.chunk_steps))  # the steady rule goes on
         self.write_record()
 
     def _fail(self, msg: str) -> None:
@@ -483,6 +499,8 @@ class Recorder:
             self.failures.append(f"the program ended after {self.steps} steps, before profiling began "
                                  f"(skip {self.skip} + {window}); lower --skip-steps/--timed-steps")
         self.window.stop("the program ended")
+        if self.after is not None:
+            self.after.stop("the program ended")
         self.write_record(block=True)
 
 

@@ -39,6 +39,19 @@ first chunk, else the largest loader's (the recorder cannot tell which loader th
   is profiled at most half a minute late); then the steady phase's mean is taken and the record says the timing did not converge,
   with its spread and standard error.
 
+After the profiler stops, the steady rule goes on timing (:func:`pool`): chunks of the same
+length, from :data:`AFTER_SKIP <gpuprof.record.hook.AFTER_SKIP>` steps after the stop (the trace's
+export runs in them), for at least as many steps as the steady phase before the profiler held, and
+then until the two together hold the mean within :data:`SEM_PCT` % or :data:`AFTER_BUDGET_CHUNKS`
+chunks or :data:`BUDGET_S` seconds are spent, or the program ends. The figure is the mean over
+both: the budget before the profiler keeps a short program's profiled steps early, the steps after
+it let a loop whose chunks spread by 30 % (a DataLoader its workers do not keep up with, a job that
+speeds up and slows down over a hundred steps) be timed for as long as it runs, and a program whose
+speed moves after its first steps (its own clock over steps 60-260 read 42.4 ms a step where
+steps 7-56 read 37.3) is timed over both. They are pooled only where the profiler left nothing
+behind: CUPTI torn down at its stop (``TEARDOWN_CUPTI=1``, which the launcher sets; a program
+whose steps stayed slower with it at 0 would bias the figure), on the same clock.
+
 With ``--timed-steps N`` the window is instead the N steps after the skipped ones (``fixed``, one
 chunk), as before: for short programs and tests.
 
@@ -63,6 +76,7 @@ MIN_CHUNKS = 4
 SEM_PCT = 2.0
 BUDGET_CHUNKS = 10
 BUDGET_S = 30.0
+AFTER_BUDGET_CHUNKS = 30  # chunks timed after the profiler at most (the record lists each)
 PLATEAU_DRAIN = 2  # chunks of falling level that make a drain after a leading plateau (steady_start)
 
 
@@ -182,11 +196,7 @@ def steady(chunks: list[Chunk], ms: list[float], k: int = MIN_CHUNKS, pct: float
     the next chunk tells)."""
     if _drain(chunks, len(ms))[1]:
         return False
-    win = ms[steady_start(chunks, ms):]
-    if len(win) < k:
-        return False
-    mean, sem = _stats(win)
-    return mean > 0 and 100.0 * sem <= pct * mean
+    return _holds(ms[steady_start(chunks, ms):], k, pct)
 
 
 class Window:
@@ -196,9 +206,11 @@ class Window:
     rule. ``event()`` makes and records a CUDA event at a boundary (None: host clock only).
     """
 
-    def __init__(self, first_boundary: int, fixed: int | None, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, first_boundary: int, fixed: int | None, clock: Callable[[], float] = time.perf_counter,
+                 every: int | None = None) -> None:
         self.first = first_boundary
         self.fixed = fixed
+        self.every = every  # every chunk this many steps: the timing after the profiler (module doc)
         self.clock = clock
         self.marks: list[tuple[int, float, Any]] = []  # (step, host time, CUDA event or None)
         self.waited: list[float | None] = []  # at each mark: the stepping thread's DataLoader time so far (s)
@@ -224,6 +236,8 @@ class Window:
         if not self.marks:
             return step == self.first
         last = self.marks[-1][0]
+        if self.every is not None:
+            return step - last >= self.every
         return step - last >= (self.first_chunk_steps if len(self.marks) == 1 else self.chunk_steps)
 
     def sample(self, ready: int | None, workers: int | None = None) -> None:
@@ -247,6 +261,14 @@ class Window:
         self.marks.append((step, now, event))
         self.waited.append(waited_s)
         self.ready = None
+        if self.every is not None:
+            self.first_chunk_steps = self.chunk_steps = self.every
+            if len(self.chunks) >= AFTER_BUDGET_CHUNKS or now - self.marks[0][1] >= BUDGET_S:
+                self.closed = True
+                self.why = (f"the budget of {AFTER_BUDGET_CHUNKS} chunks after the profiler was spent"
+                            if len(self.chunks) >= AFTER_BUDGET_CHUNKS else
+                            f"the budget of {BUDGET_S:g} s of timing after the profiler was spent")
+            return
         if len(self.marks) == 1 and self.fixed is None:
             self.first_chunk_steps = whole_cycles(CHUNK_STEPS, self.workers)
         if len(self.chunks) == 1 and self.fixed is None:
@@ -307,39 +329,75 @@ class Window:
             self.why = self.why or why
 
     # --- the result ------------------------------------------------------------------------
-    def window(self) -> list[Chunk]:
-        """The chunks the figure is taken from: the steady phase (:func:`steady_start`)."""
+    def pooled(self, after: Window | None = None) -> tuple[list[Chunk], list[float]]:
+        """The chunks the figure is taken from and their step times: the steady phase
+        (:func:`steady_start`; a fixed window's or a continuation's every chunk), then every chunk
+        ``after`` (the timing after the profiler, module doc) has read so far."""
         ms = self.times()
-        if self.fixed is not None:
-            return self.chunks[:len(ms)]
-        return self.chunks[steady_start(self.chunks, ms):len(ms)]
+        if self.fixed is not None or self.every is not None:
+            win, wms = self.chunks[:len(ms)], ms
+        else:
+            start = steady_start(self.chunks, ms)
+            win, wms = self.chunks[start:len(ms)], ms[start:]
+        if after is not None:
+            ams = after.times()
+            win, wms = win + after.chunks[:len(ams)], wms + ams
+        return win, wms
 
-    def result(self, block: bool = False) -> tuple[float | None, dict[str, Any]]:
-        """The mean step time over the window and how it was measured (for the rank's record)."""
+    def after_enough(self, after: Window) -> bool:
+        """Whether the timing after the profiler may stop (module doc): it has timed at least as
+        many steps as the steady phase before the profiler held, and both together hold their
+        mean within :data:`SEM_PCT` %."""
+        ams = after.times()
+        if sum(c.steps for c in after.chunks[:len(ams)]) < sum(c.steps for c in self.pooled()[0]):
+            return False
+        return _holds(self.pooled(after)[1])
+
+    def result(self, block: bool = False, after: Window | None = None) -> tuple[float | None, dict[str, Any]]:
+        """The mean step time over the window and how it was measured (for the rank's record);
+        ``after``: the timing after the profiler, pooled with the steady phase (module doc)."""
         self.resolve(block)
+        if after is not None:
+            after.resolve(block)
+            if not after.times():
+                after = None
         ms = self.times()
-        win = self.window()
+        win, wms = self.pooled(after)
         info: dict[str, Any] = {"rule": "fixed" if self.fixed is not None else "steady",
                                 "steps": sum(c.steps for c in win)}
-        if self.fixed is None:
+        if self.fixed is None and self.every is None:
             info.update(chunk_steps=self.chunk_steps, first_chunk_steps=self.first_chunk_steps, chunk_min_s=CHUNK_MIN_S,
                         min_chunks=MIN_CHUNKS, sem_pct=SEM_PCT, converged=self.converged)
             if self.workers:
                 info["loader_workers"] = self.workers  # the cycle seen (a worker count, or the lcm of several)
                 info["loader_cycles_followed"] = (self.first_chunk_steps % self.workers == 0
                                                   and self.chunk_steps % self.workers == 0)
-            if self.converged is False and self.why:
-                info["not_converged_why"] = self.why
+            why = self.why
+            if after is not None:
+                before, before_ms = self.pooled()
+                info["converged"] = _holds(wms)
+                why = after.why or why
+                info["before_profiling"] = {"converged": self.converged, "steps": sum(c.steps for c in before),
+                                            **({"step_ms": round(_mean(before, before_ms), 4)} if before else {})}
+            if info["converged"] is False and why:
+                info["not_converged_why"] = why
         info["chunks"] = [{"steps": [c.first_step, c.last_step], "ms": round(m, 4), "host_ms": round(c.host_ms, 4),
                            **({"loader_ready_min": c.ready_min} if c.ready_min is not None else {}),
                            **({"loader_wait_ms": round(c.loader_wait_ms, 4)} if c.loader_wait_ms is not None else {})}
                           for c, m in zip(self.chunks, ms)]
+        if after is not None:
+            info["chunks"] += [{"steps": [c.first_step, c.last_step], "ms": round(m, 4), "host_ms": round(c.host_ms, 4),
+                                "after_profiling": True,
+                                **({"loader_wait_ms": round(c.loader_wait_ms, 4)} if c.loader_wait_ms is not None else {})}
+                               for c, m in zip(after.chunks, after.times())]
         if not win:
             return None, info
-        wms = ms[len(ms) - len(win):] if self.fixed is None else ms[:len(win)]
         steps = sum(c.steps for c in win)
-        mean = sum(m * c.steps for m, c in zip(wms, win)) / steps
+        mean = _mean(win, wms)
         info["window"] = {"first_step": win[0].first_step, "last_step": win[-1].last_step}
+        if after is not None:  # the steps between (profiled, exported) are in neither
+            info["windows"] = [[part[0].first_step, part[-1].last_step] for part in
+                               (win[:len(win) - len(after.times())], win[len(win) - len(after.times()):]) if part]
         info["host_step_ms"] = sum(c.host_ms * c.steps for c in win) / steps
         waits = [c.loader_wait_ms for c in win]
         if all(w is not None for w in waits):
@@ -351,3 +409,16 @@ class Window:
             info.update(spread_pct=round(agreement(wms), 3), stddev_ms=round(sd, 4),
                         sem_ms=round(sd / math.sqrt(len(wms)), 4))
         return mean, info
+
+
+def _mean(chunks: list[Chunk], ms: list[float]) -> float:
+    """The mean step time over ``chunks`` (their step times ``ms``), weighted by their steps."""
+    return sum(m * c.steps for m, c in zip(ms, chunks)) / sum(c.steps for c in chunks)
+
+
+def _holds(ms: list[float], k: int = MIN_CHUNKS, pct: float = SEM_PCT) -> bool:
+    """Whether at least ``k`` chunk step times ``ms`` hold their mean within ``pct`` % (its standard error)."""
+    if len(ms) < k:
+        return False
+    mean, sem = _stats(ms)
+    return mean > 0 and 100.0 * sem <= pct * mean
