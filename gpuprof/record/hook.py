@@ -41,8 +41,8 @@ window is stopped and written, and the rank's record ``traces/{name}.meta.json``
 
 After the profiler stops, the recorder times more steps (the same CUDA events, from
 :data:`AFTER_SKIP` steps after the stop so that the trace's export is not in them): under the
-steady rule in chunks until the steps before and after the profiler together hold their mean
-(window.py), the figure then pooling both; with ``--timed-steps N``, :data:`AFTER_STEPS` steps. They
+steady rule in chunks for as long as its budget allows or the program runs (window.py), the figure
+then pooling both; with ``--timed-steps N``, :data:`AFTER_STEPS` steps. They
 are recorded as ``after_profiling_step_ms``: whether the program went back to its unprofiled
 speed. It did not under torch 2.11 unless CUPTI is torn down at the profiler's stop, which the
 launcher asks for (``TEARDOWN_CUPTI=1``; docs/collector.md); the record keeps the value the
@@ -151,10 +151,6 @@ class Recorder:
             a = self.after
             if a is not None and a.due(self.steps):
                 a.mark(self.steps, self._after_event(a), self.loader_s if self.loader_seen else None)
-                if a.every is not None and not a.closed:  # the steady rule goes on (window.py)
-                    a.resolve()
-                    if self.window.after_enough(a):
-                        a.closed = a.decided = True
             return
         if self.prof is not None:
             self._advance()
