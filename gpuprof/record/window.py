@@ -39,7 +39,7 @@ first chunk, else the largest loader's (the recorder cannot tell which loader th
   is profiled at most half a minute late); then the steady phase's mean is taken and the record says the timing did not converge,
   with its spread and standard error.
 
-After the profiler stops, the steady rule goes on timing (:func:`pool`): chunks of the same
+After the profiler stops, the steady rule goes on timing (:meth:`Window.pooled`): chunks of the same
 length, from :data:`AFTER_SKIP <gpuprof.record.hook.AFTER_SKIP>` steps after the stop (the trace's
 export runs in them), until :data:`AFTER_BUDGET_CHUNKS` chunks or :data:`BUDGET_S` seconds are spent
 or the program ends, whether or not the steps already hold their mean: a process's speed drifts
