@@ -228,27 +228,17 @@ def test_chunks_hold_whole_cycles_of_the_dataloaders_workers() -> None:
 def run_both(ms: list[float], prof: int = 4, skip_after: int = 2) -> tuple[Window, Window | None]:
     """:func:`run_window`, then ``prof`` profiled steps, then the steady rule's timing after the
     profiler (as gpuprof.record.hook drives it) over the rest of ``ms``: (before, after)."""
-    now, start = [0.0], 6
-    w, a = Window(start, None, clock=lambda: now[0]), None
-    started = stopped = None
-    for i, dt in enumerate(ms):
-        step = start + i
-        now[0] += dt / 1000.0
-        if started is None:
-            w.sample(None)
-            if w.due(step):
-                w.mark(step, None)
-            if w.decide():
-                started = step
-        elif stopped is None:
-            if step - started >= prof:
-                stopped = step
-                a = Window(step + skip_after + 1, None, clock=lambda: now[0], every=w.chunk_steps)
-        elif a is not None and a.due(step):
+    start = 6
+    w, at = run_window(ms, start=start)
+    if at < 0:
+        return w, None
+    stopped, now = at + prof, [0.0]  # (the after window reads only differences of its own clock)
+    a = Window(stopped + skip_after + 1, None, clock=lambda: now[0], every=w.chunk_steps)
+    for step in range(stopped + 1, start + len(ms)):
+        now[0] += ms[step - start] / 1000.0
+        if a.due(step):
             a.mark(step, None)
-    w.stop("the program ended")
-    if a is not None:
-        a.stop("the program ended")
+    a.stop("the program ended")
     return w, a
 
 

@@ -214,7 +214,7 @@ class Window:
                  every: int | None = None) -> None:
         self.first = first_boundary
         self.fixed = fixed
-        self.every = every  # every chunk this many steps: the timing after the profiler (module doc)
+        self.every = every  # every chunk this many steps, fixed: the timing after the profiler (module doc)
         self.clock = clock
         self.marks: list[tuple[int, float, Any]] = []  # (step, host time, CUDA event or None)
         self.waited: list[float | None] = []  # at each mark: the stepping thread's DataLoader time so far (s)
@@ -226,8 +226,8 @@ class Window:
         self.why: str | None = None
         self.cuda = False
         self.failed: str | None = None
-        self.chunk_steps = CHUNK_STEPS  # steps per chunk after the first (set at the first chunk's end)
-        self.first_chunk_steps = CHUNK_STEPS  # set at the first boundary (whole loader cycles)
+        self.chunk_steps = every or CHUNK_STEPS  # steps per chunk after the first (set at the first chunk's end)
+        self.first_chunk_steps = every or CHUNK_STEPS  # set at the first boundary (whole loader cycles)
         self.workers: int | None = None  # the DataLoader's worker processes, as last seen before the first chunk's end
 
     # --- boundaries ------------------------------------------------------------------------
@@ -240,8 +240,6 @@ class Window:
         if not self.marks:
             return step == self.first
         last = self.marks[-1][0]
-        if self.every is not None:
-            return step - last >= self.every
         return step - last >= (self.first_chunk_steps if len(self.marks) == 1 else self.chunk_steps)
 
     def sample(self, ready: int | None, workers: int | None = None) -> None:
@@ -266,7 +264,6 @@ class Window:
         self.waited.append(waited_s)
         self.ready = None
         if self.every is not None:
-            self.first_chunk_steps = self.chunk_steps = self.every
             if len(self.chunks) >= AFTER_BUDGET_CHUNKS or now - self.marks[0][1] >= BUDGET_S:
                 self.closed = True
                 self.why = (f"the budget of {AFTER_BUDGET_CHUNKS} chunks after the profiler was spent"
@@ -376,23 +373,17 @@ class Window:
                                             **({"step_ms": round(_mean(before, before_ms), 4)} if before else {})}
             if info["converged"] is False and why:
                 info["not_converged_why"] = why
-        info["chunks"] = [{"steps": [c.first_step, c.last_step], "ms": round(m, 4), "host_ms": round(c.host_ms, 4),
-                           **({"loader_ready_min": c.ready_min} if c.ready_min is not None else {}),
-                           **({"loader_wait_ms": round(c.loader_wait_ms, 4)} if c.loader_wait_ms is not None else {})}
-                          for c, m in zip(self.chunks, ms)]
+        info["chunks"] = [_record(c, m) for c, m in zip(self.chunks, ms)]
         if after is not None:
-            info["chunks"] += [{"steps": [c.first_step, c.last_step], "ms": round(m, 4), "host_ms": round(c.host_ms, 4),
-                                "after_profiling": True,
-                                **({"loader_wait_ms": round(c.loader_wait_ms, 4)} if c.loader_wait_ms is not None else {})}
-                               for c, m in zip(after.chunks, after.times())]
+            info["chunks"] += [_record(c, m, after_profiling=True) for c, m in zip(after.chunks, after.times())]
         if not win:
             return None, info
         steps = sum(c.steps for c in win)
         mean = _mean(win, wms)
         info["window"] = {"first_step": win[0].first_step, "last_step": win[-1].last_step}
         if after is not None:  # the steps between (profiled, exported) are in neither
-            info["windows"] = [[part[0].first_step, part[-1].last_step] for part in
-                               (win[:len(win) - len(after.times())], win[len(win) - len(after.times()):]) if part]
+            cut = len(win) - len(after.times())
+            info["windows"] = [[part[0].first_step, part[-1].last_step] for part in (win[:cut], win[cut:]) if part]
         info["host_step_ms"] = sum(c.host_ms * c.steps for c in win) / steps
         waits = [c.loader_wait_ms for c in win]
         if all(w is not None for w in waits):
@@ -404,6 +395,13 @@ class Window:
             info.update(spread_pct=round(agreement(wms), 3), stddev_ms=round(sd, 4),
                         sem_ms=round(sd / math.sqrt(len(wms)), 4))
         return mean, info
+
+
+def _record(c: Chunk, ms: float, **extra: Any) -> dict[str, Any]:
+    """One chunk as the rank's record lists it (``ms``: its step time), ``extra`` keys after its clocks."""
+    return {"steps": [c.first_step, c.last_step], "ms": round(ms, 4), "host_ms": round(c.host_ms, 4), **extra,
+            **({"loader_ready_min": c.ready_min} if c.ready_min is not None else {}),
+            **({"loader_wait_ms": round(c.loader_wait_ms, 4)} if c.loader_wait_ms is not None else {})}
 
 
 def _mean(chunks: list[Chunk], ms: list[float]) -> float:
