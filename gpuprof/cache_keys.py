@@ -8,7 +8,7 @@ of CPU, more than the rest of such a report). The frames and results caches
 cached report needs.
 
 A stored report is keyed by gpuprof's own source (every ``.py`` file of gpuprof, its analyzers
-and reports), the cache format, the report's options and, per trace file, its resolved path and
+and reports, and the measured tables under ``gpuprof/data``), the cache format, the report's options and, per trace file, its resolved path and
 the key of the bytes the report was computed from (what the analysis parsed, not what the file
 holds when the report is stored). Reports of trace files and of plain folders of trace files
 (listed as :func:`gpuprof.runfolder.find_traces` lists them, the listing in the key) are stored; run
@@ -87,9 +87,18 @@ def content_key(path: Path) -> str:
 _SOURCE_HASH: str | None = None
 
 
+def source_files(root: Path) -> list[Path]:
+    """What a result computed by the package at ``root`` depends on besides its inputs: every
+    ``.py`` file under it and the measured tables it ships (``data/*.json``: the GEMM and layout
+    tables the analyzers price with), in a fixed order."""
+    data = root / "data"
+    return sorted(root.rglob("*.py")) + (sorted(data.glob("*.json")) if data.is_dir() else [])
+
+
 def source_hash() -> str:
-    """BLAKE3 of every Python source file of gpuprof and its analyzers and reports (a few ms),
-    found without importing them."""
+    """BLAKE3 of every Python source file of gpuprof and its analyzers and reports, and of the
+    tables it ships (a few ms), found without importing them: a new table, as a new line of code,
+    makes new results."""
     global _SOURCE_HASH
     if _SOURCE_HASH is None:
         roots = set()
@@ -99,7 +108,7 @@ def source_hash() -> str:
                 roots.add(Path(spec.origin).resolve().parent)
         h = blake3.blake3()
         for root in sorted(roots):
-            for f in sorted(root.rglob("*.py")):
+            for f in source_files(root):
                 h.update(str(f.relative_to(root)).encode())
                 h.update(f.read_bytes())
         _SOURCE_HASH = h.hexdigest()

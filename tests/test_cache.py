@@ -70,6 +70,24 @@ def test_key_follows_content_and_version(trace: Path, tmp_path: Path) -> None:
     assert cache.content_key(trace).startswith(blake3.blake3(trace.read_bytes()).hexdigest() + "-")
 
 
+def test_results_are_keyed_by_the_shipped_tables_too(tmp_path: Path) -> None:
+    """The results and stored reports are keyed by gpuprof's source; the measured tables it ships
+    (gpuprof/data: GEMM and layout tables) change results as code does, so they are hashed too: a
+    new table is never answered from results the old one priced."""
+    from gpuprof import cache_keys
+
+    root = Path(cache_keys.__file__).resolve().parent
+    files = cache_keys.source_files(root)
+    shipped = sorted((root / "data").glob("*.json"))
+    assert shipped and all(f in files for f in shipped)
+    # a copy of the package: editing a table changes what source_files feeds the hash
+    pkg = tmp_path / "pkg"
+    (pkg / "data").mkdir(parents=True)
+    (pkg / "m.py").write_text("x = 1\n")
+    (pkg / "data" / "t.json").write_text('{"rows": []}\n')
+    assert [f.relative_to(pkg).as_posix() for f in cache_keys.source_files(pkg)] == ["m.py", "data/t.json"]
+
+
 def test_no_cache_writes_nothing(trace: Path) -> None:
     load_traces([trace], cache=False)
     assert not cache.cache_dir().exists() or not any(cache.cache_dir().iterdir())

@@ -187,7 +187,8 @@ _CODE_HASH: str | None = None
 
 
 def code_hash() -> str:
-    """BLAKE3 of every Python source file of gpuprof and its analyzers and reports (a few ms)."""
+    """BLAKE3 of every Python source file of gpuprof and its analyzers and reports, and of its
+    shipped tables (:func:`gpuprof.cache_keys.source_files`; a few ms)."""
     global _CODE_HASH
     if _CODE_HASH is None:
         _CODE_HASH = source_hash()
