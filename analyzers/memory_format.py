@@ -13,9 +13,10 @@ other order; in a channels-last model the permuted view is already dense).
 The NCHW kernels' excess over their channels-last cost is priced from a measurement: channels-last
 variants of the same kernels in the same program (at their roofline efficiency), else for batch
 norm the measured layout table (``benchmarks/layout_table.py``: channels-last over NCHW time of
-``BatchNorm2d`` forward+backward at the nearest measured shape and that dtype, shipped as
-``gpuprof/data/h200_layout_table.json`` once measured); otherwise it is reported (with what it
-would be at the roofline, an upper bound) but not claimed.
+``BatchNorm2d`` forward+backward kernels at the nearest measured shape and that dtype, replayed
+from a CUDA graph so that no launch time is inside the timing, shipped as
+``gpuprof/data/layout_table.json``; it names the GPU it was measured on); otherwise it is
+reported (with what it would be at the roofline, an upper bound) but not claimed.
 
 The fix is a replay transformation (gpuprof.replay.fixes; its replayed saving is the estimate, with
 the host floor and bounds every replayed fix gets): the transforms and conversion copies go with
@@ -49,10 +50,20 @@ if TYPE_CHECKING:
 LAYOUT_SENSITIVE = re.compile(r"batch_norm|\bbn_|_bn_|pool|upsample|group_norm", re.IGNORECASE)
 CHANNELS_LAST = re.compile(r"channels_last|nhwc", re.IGNORECASE)
 BATCH_NORM = re.compile(r"batch_norm|\bbn_|_bn_", re.IGNORECASE)
-LAYOUT_TABLE = "h200_layout_table.json"
+LAYOUT_TABLE = "layout_table.json"
 #: Per dtype: the measured shapes as (log2 channels, log2 N·H·W) rows, and their channels-last /
 #: NCHW time ratios (at most 1).
 Ratios = dict[str, tuple[np.ndarray, np.ndarray]]
+
+
+@lru_cache(maxsize=1)
+def _layout_table() -> dict[str, Any] | None:
+    """The shipped layout table (``benchmarks/layout_table.py``), None where there is none."""
+    f = resources.files("gpuprof").joinpath("data", LAYOUT_TABLE)
+    if not f.is_file():
+        return None
+    doc: dict[str, Any] = json.loads(f.read_text(encoding="utf-8"))
+    return doc
 
 
 @lru_cache(maxsize=1)
@@ -61,11 +72,11 @@ def layout_ratios() -> Ratios | None:
     time (at most 1), from the measured layout table shipped as package data; None until it has
     been measured. The shape, not the element count, is the key: NCHW batch norm reduces each
     channel's N·H·W plane with a stride, so equal element counts differ (ResNet-50's 64×56×56 at
-    0.29 and 1024×14×14 at 1.07, both 12.8M elements per batch of 64)."""
-    f = resources.files("gpuprof").joinpath("data", LAYOUT_TABLE)
-    if not f.is_file():
+    0.25 and 1024×14×14 at 0.83 in bf16, both 12.8M elements per batch of 64)."""
+    doc = _layout_table()
+    if doc is None:
         return None
-    rows = [r for r in json.loads(f.read_text(encoding="utf-8"))["rows"] if r.get("op") == "batch_norm"]
+    rows = [r for r in doc["rows"] if r.get("op") == "batch_norm"]
     out: Ratios = {}
     for d in sorted({str(r["dtype"]) for r in rows}):
         rs = [r for r in rows if r["dtype"] == d]
@@ -190,7 +201,9 @@ def nchw_savings(v: RankView, ratios: Ratios | None = None, vendor: str = "nvidi
             if m.any() and len(q):
                 ratio[m] = nearest_ratio(pts, q, cp[m, 0], cp[m, 1])
         after = np.maximum(dur * ratio, np.where(roof, t_roof, 0.0))
-        how = "batch norm at the measured channels-last/NCHW time ratio for its size (benchmarks/layout_table.py)"
+        table = _layout_table() or {}
+        how = ("batch norm at the measured channels-last/NCHW time ratio for its size (benchmarks/layout_table.py, "
+               f"measured on an {table.get('name', 'NVIDIA GPU')})")
     saved_slow = np.clip(dur - after, 0, None)
     at_roof = float(np.clip(dur - np.where(roof, t_roof, dur), 0, None).sum() - saved_slow.sum())
     rows = pd.concat([xf, slow])
