@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 import gpuprof
-from gpuprof import files, strings
+from gpuprof import files, owned
 from gpuprof.errors import GpuprofError, UsageError
 from gpuprof.record import window as W
 
@@ -140,6 +140,7 @@ def _show_warnings_as_lines() -> None:
                    "(no distributedInfo, different step counts...).")
 @click.option("--annotated", type=click.Path(path_type=Path), metavar="OUT.json.gz",
               help="Also write the trace with gpuprof's results added (as `gpuprof annotate`).")
+@owned.command()
 def report(paths: tuple[Path, ...], fmt: str, output: Path | None, force: bool, gpu: str | None,
            gpu_spec: Path | None, step_ms: float | None, input_wait_ms: float | None, no_cache: bool,
            workers: int | None, dask_address: str | None, as_ranks: bool, annotated: Path | None) -> None:
@@ -210,7 +211,7 @@ def _report(paths: tuple[Path, ...], fmt: str, output: Path | None, force: bool,
             files.check_target(output, force, _inputs(paths))
         if sys.stderr.isatty():
             click.echo(f"gpuprof: analysing {len(paths)} path(s)…", err=True)
-        strings.own_process()  # here, not earlier: a stored report imports no pandas
+        owned.analysing()  # here, not earlier: a stored report imports no pandas
         analysis = gpuprof.analyze(list(paths), gpu=gpu, gpu_spec=str(gpu_spec) if gpu_spec else None,
                                    step_ms=step_ms, cache=not no_cache, workers=workers, dask=dask_address,
                                    progress=_progress if sys.stderr.isatty() else None, as_ranks=as_ranks,
@@ -285,6 +286,7 @@ def _annotate(analysis: Any, out: Path, force: bool, inputs: files.Inputs) -> No
 @click.option("--gpu-spec", type=click.Path(path_type=Path), help="A spec file (from `gpuprof calibrate`).")
 @click.option("--step-ms", type=float, help="Step time measured WITHOUT the profiler.")
 @click.option("--no-cache", is_flag=True, help="Neither read nor write the caches.")
+@owned.command()
 def annotate(paths: tuple[Path, ...], output: Path, force: bool, gpu: str | None, gpu_spec: Path | None,
              step_ms: float | None, no_cache: bool) -> None:
     """Write the trace with gpuprof's results added, for Perfetto or chrome://tracing.
@@ -293,7 +295,7 @@ def annotate(paths: tuple[Path, ...], output: Path, force: bool, gpu: str | None
     track per finding (and stream) with the kernels, copies and idle gaps that finding claims,
     named by its id and saving. The original events are kept unchanged.
     """
-    strings.own_process()
+    owned.analysing()
     try:
         analysis = gpuprof.analyze(list(paths), gpu=gpu, gpu_spec=str(gpu_spec) if gpu_spec else None,
                                    step_ms=step_ms, cache=not no_cache, keep_traces=True)
@@ -386,6 +388,7 @@ def record(out: Path | None, schedule: tuple[int, int, int, int], skip_steps: in
 @click.option("--gpu", help="Analyse both against this GPU's datasheet peaks.")
 @click.option("--step-ms-before", type=float, help="BEFORE's step time without the profiler.")
 @click.option("--step-ms-after", type=float, help="AFTER's step time without the profiler.")
+@owned.command()
 def diff(before: Path, after: Path, fmt: str, output: Path | None, force: bool, gpu: str | None,
          step_ms_before: float | None, step_ms_after: float | None) -> None:
     """Compare two runs or traces: step time, MFU, time by class, findings and top kernels.
@@ -395,7 +398,7 @@ def diff(before: Path, after: Path, fmt: str, output: Path | None, force: bool, 
     from gpuprof.compare import compare
     from gpuprof.reports.diff import render_diff_html, render_diff_text
 
-    strings.own_process()
+    owned.analysing()
     try:
         if output is not None:
             files.check_target(output, force, _inputs((before, after)))

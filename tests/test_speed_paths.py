@@ -311,6 +311,46 @@ def test_the_cli_analyses_with_python_strings_and_the_api_keeps_the_callers_sett
         pd.set_option(strings.OPTION, before)
 
 
+def test_a_command_freezes_its_imports_for_the_analysis_and_gives_them_back(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpuprof.owned: during `gpuprof report` (and annotate, diff) the objects the imports made are
+    out of the collector's reach (gc.freeze); when the command ends they are given back, so a
+    command run in another program (here: click's runner in pytest's process) leaves the collector
+    as it found it; a process that froze objects itself keeps them frozen; the API freezes nothing."""
+    import gc
+
+    from click.testing import CliRunner
+
+    from gpuprof.cli import main
+
+    real = gpuprof.analyze
+    seen: list[int] = []
+
+    def spy(*a: Any, **k: Any) -> Any:
+        seen.append(gc.get_freeze_count())
+        return real(*a, **k)
+
+    monkeypatch.setattr(gpuprof, "analyze", spy)
+    trace = str(SAMPLES / "gpt_host_sync.json.gz")
+    assert gc.get_freeze_count() == 0
+    gpuprof.analyze(trace, cache=False)
+    assert seen == [0]
+    r = CliRunner().invoke(main, ["report", trace, "--format", "json", "--no-cache", "-o", str(tmp_path / "r.json")])
+    assert r.exit_code == 0, r.output
+    assert seen[1] > 10_000 and gc.get_freeze_count() == 0  # pandas' and numpy's objects, then given back
+    r = CliRunner().invoke(main, ["diff", trace, trace, "--format", "json", "-o", str(tmp_path / "d.json")])
+    assert r.exit_code == 0, r.output
+    assert seen[2] > 10_000 and gc.get_freeze_count() == 0
+    gc.freeze()  # someone else's freeze: left as it is
+    try:
+        frozen = gc.get_freeze_count()
+        r = CliRunner().invoke(main, ["report", trace, "--format", "json", "--no-cache", "-o", str(tmp_path / "s.json")])
+        assert r.exit_code == 0, r.output
+        assert frozen > 0 and gc.get_freeze_count() > frozen // 2  # not given back (some died since)
+    finally:
+        gc.unfreeze()
+
+
 def test_local_workers_run_with_the_string_storage_of_the_process_that_started_them() -> None:
     """Two real worker processes asked for their pandas string storage: the parent's, whichever
     it is (so a rank analysed in a worker comes back in the parent's storage)."""
