@@ -179,6 +179,7 @@ def nchw_savings(v: RankView, ratios: Ratios | None = None, vendor: str = "nvidi
     an NVIDIA GPU with PyTorch's CUDA batch-norm kernels: it is not applied to other vendors'
     GPUs (ROCm's MIOpen batch norm is another implementation), where the kernels stay unclaimed."""
     xf, slow, fast = nchw_parts(v)
+    shipped = ratios is None
     if ratios is None:
         ratios = layout_ratios() if vendor == "nvidia" else None
     dur = slow["dur"].to_numpy(dtype=float)
@@ -201,9 +202,9 @@ def nchw_savings(v: RankView, ratios: Ratios | None = None, vendor: str = "nvidi
             if m.any() and len(q):
                 ratio[m] = nearest_ratio(pts, q, cp[m, 0], cp[m, 1])
         after = np.maximum(dur * ratio, np.where(roof, t_roof, 0.0))
-        table = _layout_table() or {}
-        how = ("batch norm at the measured channels-last/NCHW time ratio for its size (benchmarks/layout_table.py, "
-               f"measured on an {table.get('name', 'NVIDIA GPU')})")
+        how = "batch norm at the measured channels-last/NCHW time ratio for its size (benchmarks/layout_table.py"
+        gpu = (_layout_table() or {}).get("name") if shipped else None
+        how += f", measured on {gpu})" if gpu else ")"
     saved_slow = np.clip(dur - after, 0, None)
     at_roof = float(np.clip(dur - np.where(roof, t_roof, dur), 0, None).sum() - saved_slow.sum())
     rows = pd.concat([xf, slow])

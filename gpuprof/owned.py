@@ -28,9 +28,11 @@ _froze = False
 
 
 def analysing() -> None:
-    """Just before a command's analysis: the string storage set, the analysis' modules imported,
-    and everything made so far moved out of the collector's reach until :func:`command` ends
-    (unless something else in this process froze objects already: that is left to its owner)."""
+    """Just before a command's analysis, inside :func:`command`: the string storage set, the
+    analysis' modules imported, and everything made so far moved out of the collector's reach
+    until :func:`command` ends (unless something else in this process froze objects already: that
+    is left to its owner). The collector's state is the process's: a host program that freezes
+    objects of its own while a command runs in it has them given back with the command's."""
     global _froze
     strings.own_process()
     import gpuprof.api  # noqa: F401  (its modules are imported now, so that the freeze covers them)

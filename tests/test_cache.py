@@ -70,22 +70,37 @@ def test_key_follows_content_and_version(trace: Path, tmp_path: Path) -> None:
     assert cache.content_key(trace).startswith(blake3.blake3(trace.read_bytes()).hexdigest() + "-")
 
 
-def test_results_are_keyed_by_the_shipped_tables_too(tmp_path: Path) -> None:
+def test_results_are_keyed_by_the_shipped_tables_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The results and stored reports are keyed by gpuprof's source; the measured tables it ships
     (gpuprof/data: GEMM and layout tables) change results as code does, so they are hashed too: a
-    new table is never answered from results the old one priced."""
+    new table is never answered from results the old one priced. Checked on a copy of a package:
+    the hash source_hash() gives changes with a table's bytes, not only with a .py file's."""
+    import importlib.util
+    from importlib.machinery import ModuleSpec
+
     from gpuprof import cache_keys
 
     root = Path(cache_keys.__file__).resolve().parent
-    files = cache_keys.source_files(root)
     shipped = sorted((root / "data").glob("*.json"))
-    assert shipped and all(f in files for f in shipped)
-    # a copy of the package: editing a table changes what source_files feeds the hash
+    assert shipped and all(f in cache_keys.source_files(root) for f in shipped)
     pkg = tmp_path / "pkg"
     (pkg / "data").mkdir(parents=True)
-    (pkg / "m.py").write_text("x = 1\n")
-    (pkg / "data" / "t.json").write_text('{"rows": []}\n')
-    assert [f.relative_to(pkg).as_posix() for f in cache_keys.source_files(pkg)] == ["m.py", "data/t.json"]
+    (pkg / "__init__.py").write_text("x = 1\n")
+    table = pkg / "data" / "t.json"
+    table.write_text('{"rows": [1]}\n')
+    spec = ModuleSpec("gpuprof", None, origin=str(pkg / "__init__.py"))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: spec)
+
+    def fresh_hash() -> str:
+        monkeypatch.setattr(cache_keys, "_SOURCE_HASH", None)
+        return cache_keys.source_hash()
+
+    before = fresh_hash()
+    assert fresh_hash() == before  # stable
+    table.write_text('{"rows": [2]}\n')
+    assert fresh_hash() != before
+    table.write_text('{"rows": [1]}\n')
+    assert fresh_hash() == before
 
 
 def test_no_cache_writes_nothing(trace: Path) -> None:
