@@ -202,9 +202,9 @@ def nchw_savings(v: RankView, ratios: Ratios | None = None, vendor: str = "nvidi
             if m.any() and len(q):
                 ratio[m] = nearest_ratio(pts, q, cp[m, 0], cp[m, 1])
         after = np.maximum(dur * ratio, np.where(roof, t_roof, 0.0))
-        how = "batch norm at the measured channels-last/NCHW time ratio for its size (benchmarks/layout_table.py"
         gpu = (_layout_table() or {}).get("name") if shipped else None
-        how += f", measured on {gpu})" if gpu else ")"
+        source = "benchmarks/layout_table.py" + (f", measured on {gpu}" if gpu else "")
+        how = f"batch norm at the measured channels-last/NCHW time ratio for its size ({source})"
     saved_slow = np.clip(dur - after, 0, None)
     at_roof = float(np.clip(dur - np.where(roof, t_roof, dur), 0, None).sum() - saved_slow.sum())
     rows = pd.concat([xf, slow])

@@ -8,8 +8,8 @@ of CPU, more than the rest of such a report). The frames and results caches
 cached report needs.
 
 A stored report is keyed by gpuprof's own source (every ``.py`` file of gpuprof, its analyzers
-and reports, and the measured tables under ``gpuprof/data``), the cache format, the report's options and, per trace file, its resolved path and
-the key of the bytes the report was computed from (what the analysis parsed, not what the file
+and reports, and the measured tables under ``gpuprof/data``), the cache format, the report's
+options and, per trace file, its resolved path and the key of the bytes the report was computed from (what the analysis parsed, not what the file
 holds when the report is stored). Reports of trace files and of plain folders of trace files
 (listed as :func:`gpuprof.runfolder.find_traces` lists them, the listing in the key) are stored; run
 folders (a manifest, or what a killed recorder left in ``traces/``) are not: their manifest and

@@ -5,8 +5,8 @@ the Python API sets none of it.
 * Python's cyclic garbage collector: by the time the analysis starts, importing pandas, numpy,
   pyarrow and gpuprof's own modules has made about 60,000 objects the collector tracks, which
   live as long as the process and are never garbage, and each full collection during the
-  analysis walks them all again. :func:`analysing` moves them out of its reach (``gc.freeze``) once they are imported;
-  objects made after that are collected as before. Measured on the ~100 MB matrix traces, cold
+  analysis walks them all again. :func:`analysing` moves them out of its reach (``gc.freeze``)
+  once they are imported; objects made after that are collected as before. Measured on the ~100 MB matrix traces, cold
   JSON reports (docs/performance.md, "The collector's frozen imports"): the collector's own time
   (``gc.callbacks``) 0.065 → 0.038 s on the sync-heavy rank and 0.072 → 0.059 s on the 8-rank
   job, peak memory the same: small, and not a constant tuned to get it. :func:`command` gives
