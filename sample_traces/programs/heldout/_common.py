@@ -25,14 +25,23 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import harness
 
 __all__ = ["HostBatches", "LoopSGD", "NaiveGELU", "NaiveLayerNorm", "Stats", "harness", "lm_train_step",
-           "make_optimizer", "naive_gelu_tanh", "parser"]
+           "make_optimizer", "maybe_compile", "naive_gelu_tanh", "parser"]
 
 
 def parser(doc: str | None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     harness.add_args(p)
     p.add_argument("--tiny", action="store_true", help="a small model and batch for a CPU dry run")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model (the compile class's fix; Inductor, default mode)")
     return p
+
+
+def maybe_compile(model: nn.Module, a: argparse.Namespace) -> nn.Module:
+    """``model`` compiled with ``torch.compile`` (default mode, the user's one-line fix) when
+    ``--compile`` is given, else ``model``. Compiling happens on the first steps, which the harness
+    runs as warm-up before it times or profiles anything."""
+    return torch.compile(model) if a.compile else model
 
 
 class NaiveLayerNorm(nn.Module):

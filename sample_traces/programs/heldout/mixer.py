@@ -14,7 +14,7 @@ import itertools
 
 import torch
 import torch.nn.functional as F
-from _common import NaiveLayerNorm, harness, make_optimizer, naive_gelu_tanh, parser
+from _common import NaiveLayerNorm, harness, make_optimizer, maybe_compile, naive_gelu_tanh, parser
 from torch import nn
 
 
@@ -72,6 +72,7 @@ def main() -> None:
     model = Mixer(img, 16, dim, depth, token_hidden=dim // 2, channel_hidden=4 * dim, classes=1000,
                   naive=a.elementwise == "naive").to(dev)
     opt = make_optimizer(a.optim, model.parameters(), dev)
+    model = maybe_compile(model, a)
     xs = [torch.randn(batch, 3, img, img, device=dev) for _ in range(2)]
     ys = [torch.randint(0, 1000, (batch,), device=dev) for _ in range(2)]
     count = itertools.count()
@@ -85,7 +86,7 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
 
     harness.record(a, step, {"images_per_step": batch, "params": sum(q.numel() for q in model.parameters()),
-                             "param_tensors": len(list(model.parameters()))})
+                             "param_tensors": len(list(model.parameters())), "compiled": a.compile})
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@
 # Everything ends within BUDGET_S seconds (default 510) of this script's start, imports included.
 # DRY=1: every program on the CPU at its --tiny size (a dry run of the whole script, no GPU needed).
 # Other knobs: MODE=proc (a fresh python per process instead of forks of one that imported
-# torch/transformers/timm once), WINDOWS (3 per process), ONLY=name,name, PYTHON.
+# torch/transformers/timm once), WINDOWS (3 per process), ONLY=name,name, TIMEOUT_S (one process's
+# limit in round 1, default 90; later rounds 3/4 of it), PYTHON.
 set -u
 R=${1:?usage: record_heldout.sh OUTDIR [PACKDIR]}
 PACK=${2:-}
@@ -38,6 +39,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1  # nothing 
 ARGS=(--start "$START" --budget-s "$BUDGET_S" --mode "${MODE:-fork}" --python "$PY" --windows "${WINDOWS:-3}")
 [ "${DRY:-0}" = 1 ] && ARGS+=(--dry)
 [ -n "${ONLY:-}" ] && ARGS+=(--only "$ONLY")
+[ -n "${TIMEOUT_S:-}" ] && ARGS+=(--timeout-s "$TIMEOUT_S")  # one process's limit in round 1 (compiling programs need more)
 # the runner's own limit: the budget plus a margin (it stops itself before; this is the backstop)
 timeout -k 5 "$(awk "BEGIN{print int($BUDGET_S + 20)}")" "$PY" "$HERE/runner.py" "$R" "${ARGS[@]}" 2>&1 | tee "$R/runner.log"
 echo "runner exit ${PIPESTATUS[0]}" | tee -a "$R/runner.log"

@@ -22,7 +22,7 @@ import itertools
 
 import torch
 import torch.nn.functional as F
-from _common import OPTIMS, HostBatches, NaiveGELU, NaiveLayerNorm, harness, make_optimizer, parser
+from _common import OPTIMS, HostBatches, NaiveGELU, NaiveLayerNorm, harness, make_optimizer, maybe_compile, parser
 
 
 def main() -> None:
@@ -55,6 +55,7 @@ def main() -> None:
     fmt = torch.channels_last if a.memory_format == "cl" else torch.contiguous_format
     model = model.to(dev).to(memory_format=fmt).train()
     opt = make_optimizer(a.optim, model.parameters(), dev)
+    model = maybe_compile(model, a)
     where = dev if a.input == "device" else torch.device("cpu")
     xs = [torch.randn(batch, 3, img, img, device=where).contiguous(memory_format=fmt) for _ in range(2)]
     ys = [torch.randint(0, 1000, (batch,), device=where) for _ in range(2)]
@@ -74,7 +75,7 @@ def main() -> None:
             torch.cuda.empty_cache()
 
     harness.record(a, step, {"images_per_step": batch, "arch": a.arch, "precision": a.precision, "input": a.input,
-                             "timm": timm.__version__,
+                             "timm": timm.__version__, "compiled": a.compile,
                              "params": sum(q.numel() for q in model.parameters())})
 
 
