@@ -26,7 +26,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from gpuprof.claims import Claimed, ClaimedRecord, Contribution, claim, claimed, from_records, to_records
+from gpuprof.claims import Claimed, ClaimedRecord, Contribution, from_records, rank_claims, to_records
 from gpuprof.errors import GpuprofError
 from gpuprof.parts import RankPart, part_of
 from gpuprof.rank import RankResult, RankView, result_of, with_rank
@@ -245,9 +245,9 @@ def analyse_rank(view: RankView, part: RankPart, active: Sequence[Any], cross: S
 
     candidates = [c for a in active if a.run is not None for c in a.run(view)]
     candidates.extend(to_candidate(cc, view) for cc in cross)
-    claims = claimed(candidates, part.n_steps)
+    claims, shares = rank_claims(part.rank, candidates, part.n_steps)
     plan = fixes.plan(view, claims, part.unprofiled_step_ms, graph)
-    contributions = pricing.price_rank(plan, claim(part.rank, candidates, part.n_steps), part)
+    contributions = pricing.price_rank(plan, shares, part)
     figures = None
     if alone:
         from gpuprof.claims import merge, rank_findings, split_notes
