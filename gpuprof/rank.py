@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from gpuprof.claims import Unit, units_of
-from gpuprof.hostcost import event_cost_us, profiler_cost_us, unprofiled_step_ms
+from gpuprof.hostcost import bracket_cost_us, event_cost_us, profiler_cost_us, unprofiled_step_ms
 from gpuprof.hostops import update_loops
 from gpuprof.idle import CAUSE_ORDER, classify_gaps, driving_spans, optimizer_spans
 from gpuprof.roofline import classify
@@ -111,6 +111,11 @@ class RankView:
         self._update_masks: dict[str, pd.Series] = {}
         self._stream_order: np.ndarray | None = None
         self._gaps_of: dict[str, pd.DataFrame] = {}
+
+    def bracket_cost_us(self) -> float:
+        """:func:`gpuprof.hostcost.bracket_cost_us` of the rank's trace: the view's
+        ``event_cost_us`` already where no unprofiled step time was given, else read now."""
+        return self.event_cost_us if not self.event_cost_measured else bracket_cost_us(self.trace)
 
     def optimizer_spans(self, zero_grad: bool = False) -> pd.DataFrame:
         """:func:`gpuprof.idle.optimizer_spans` of the rank's trace, read once per view: the

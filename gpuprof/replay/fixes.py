@@ -750,11 +750,9 @@ def plan(v: RankView, claims: Sequence[Claimed], unprofiled_step_ms: float | Non
     t = v.trace
     if not len(t.runtime) or not (len(t.kernels) + len(t.memcpys)):
         return None
-    from gpuprof.hostcost import bracket_cost_us
-
     try:
         raw = build([t]) if raw is None else raw
-        hb = host_bounds(raw, unprofiled_step_ms, bracket_cost_us(t))
+        hb = host_bounds(raw, unprofiled_step_ms, v.bracket_cost_us())
         g = hb.apply(raw)
         free = None if hb.identified else host_free(raw)
     except GpuprofError:
