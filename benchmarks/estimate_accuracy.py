@@ -136,16 +136,17 @@ def by_class(rows: list[dict[str, object]]) -> str:
     tot = [0, 0, 0]
     fams: set[str] = set()
     for cat, rs in sorted(cats.items()):
-        errs = [float(r["error_pct"]) for r in rs if r["error_pct"] is not None]  # type: ignore[arg-type]
+        pos = [r for r in rs if r["error_pct"] is not None]
+        errs = [float(r["error_pct"]) for r in pos]  # type: ignore[arg-type]
         strict = sum(e is not None and abs(float(e)) <= 20 for e in (r["error_pct"] for r in rs))  # type: ignore[arg-type]
         loose = sum(bool(within(r)) for r in rs)
         f = {family(str(r["bad"])) for r in rs}
         fams |= f
         tot = [tot[0] + len(rs), tot[1] + strict, tot[2] + loose]
         bias = f"{sum(errs) / len(errs):+.0f}%" if errs else "–"
-        pos = [r for r in rs if r["error_pct"] is not None]
-        real = sum(float(r["realised_ms"]) for r in pos)  # type: ignore[arg-type]
-        ms_bias = f"{100 * (sum(float(r['estimated_ms']) for r in pos) / real - 1):+.0f}%" if real > 0 else "–"  # type: ignore[arg-type]
+        real = sum((float(r["realised_ms"]) for r in pos), 0.0)  # type: ignore[arg-type]
+        est = sum((float(r["estimated_ms"]) for r in pos), 0.0)  # type: ignore[arg-type]
+        ms_bias = f"{100 * (est / real - 1):+.0f}%" if real > 0 else "–"
         out.append(f"| {cat} | {len(rs)} | {len(f)} | {strict} | {loose} | {bias} | {ms_bias} |")
     out.append(f"| **all** | {tot[0]} | {len(fams)} | {tot[1]} ({100 * tot[1] / max(tot[0], 1):.0f}%) "
                f"| {tot[2]} ({100 * tot[2] / max(tot[0], 1):.0f}%) | | |")

@@ -100,7 +100,7 @@ from gpuprof import pricing
 from gpuprof.analysis import Result
 from gpuprof.analyzers import select
 from gpuprof.api import Analysis
-from gpuprof.claims import claim, claimed
+from gpuprof import claims as claims_module
 from gpuprof.parts import part_of
 from gpuprof.pipeline import findings_of
 from gpuprof.rank import RankResult, RankView
@@ -131,9 +131,16 @@ cands = []
 for an in active:
     if an.run is not None:
         cands.extend(stage("analyzer " + an.name, lambda: an.run(view)))
-claims = stage("claims", lambda: claimed(cands, part.n_steps))
+# as jobs.analyse_rank: one assignment of the units for both (a tree before rank_claims assigned twice)
+rank_claims = getattr(claims_module, "rank_claims", None)
+if rank_claims is not None:
+    claims, shares = stage("claims", lambda: rank_claims(part.rank, cands, part.n_steps))
+else:
+    claims = stage("claims", lambda: claims_module.claimed(cands, part.n_steps))
+    shares = None
 plan = stage("replay plan", lambda: fixes.plan(view, claims, None))
-contribs = stage("pricing", lambda: pricing.price_rank(plan, claim(part.rank, cands, part.n_steps), part))
+contribs = stage("pricing", lambda: pricing.price_rank(
+    plan, shares if shares is not None else claims_module.claim(part.rank, cands, part.n_steps), part))
 findings = findings_of((part,), contribs)
 a = Analysis.of(Result(parts=(part,), spec=spec, findings=tuple(findings), frames=(r,), claims=(claims,)))
 stage("json report", lambda: a.to_json())

@@ -28,12 +28,16 @@ __all__ = ["HostBatches", "LoopSGD", "NaiveGELU", "NaiveLayerNorm", "Stats", "ha
            "make_optimizer", "maybe_compile", "naive_gelu_tanh", "parser"]
 
 
-def parser(doc: str | None) -> argparse.ArgumentParser:
+def parser(doc: str | None, compile: bool = False) -> argparse.ArgumentParser:
+    """The harness's arguments and ``--tiny``; with ``compile``, also ``--compile`` (only for the
+    programs that pass their model through :func:`maybe_compile`, so no program accepts it and
+    ignores it)."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     harness.add_args(p)
     p.add_argument("--tiny", action="store_true", help="a small model and batch for a CPU dry run")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile the model (the compile class's fix; Inductor, default mode)")
+    if compile:
+        p.add_argument("--compile", action="store_true",
+                       help="torch.compile the model (the compile class's fix; Inductor, default mode)")
     return p
 
 

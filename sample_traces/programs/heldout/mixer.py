@@ -58,7 +58,7 @@ class Mixer(nn.Module):
 
 
 def main() -> None:
-    p = parser(__doc__)
+    p = parser(__doc__, compile=True)
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--img", type=int, default=256)  # 256 tokens of 16x16: GEMM dims multiples of 8
     p.add_argument("--depth", type=int, default=8)

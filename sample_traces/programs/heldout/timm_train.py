@@ -26,7 +26,7 @@ from _common import OPTIMS, HostBatches, NaiveGELU, NaiveLayerNorm, harness, mak
 
 
 def main() -> None:
-    p = parser(__doc__)
+    p = parser(__doc__, compile=True)
     p.add_argument("--arch", default="regnety_016")
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--img", type=int, default=224)
