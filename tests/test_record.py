@@ -163,7 +163,10 @@ def test_sigint_is_passed_on_and_the_run_folder_written(tmp_path: Path) -> None:
     p = start_long_recording(tmp_path, "0.01")
     deadline = time.time() + 120
     meta = tmp_path / "run" / "traces" / "rank0.meta.json"
-    while time.time() < deadline and not (meta.exists() and json.loads(meta.read_text()).get("trace")):
+    # the hook claims its record as an empty file (hook._claim) and fills it atomically later:
+    # an empty file is "not written yet", never a parse error
+    while time.time() < deadline and not ((text := meta.read_text() if meta.exists() else "")
+                                          and json.loads(text).get("trace")):
         time.sleep(0.2)  # wait until the profiled window has been written
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)

@@ -108,7 +108,8 @@ def test_kill_9_of_the_recorder_takes_the_program_with_it_and_keeps_its_trace(tm
     run = tmp_path / "run"
     meta = run / "traces" / "rank0.meta.json"
     try:
-        until(lambda: meta.is_file() and bool(json.loads(meta.read_text()).get("trace")), 120, "no trace recorded")
+        until(lambda: meta.is_file() and bool((t := meta.read_text()) and json.loads(t).get("trace")), 120,
+              "no trace recorded")  # an empty file is the hook's claim (hook._claim), not yet its record
         os.kill(p.pid, signal.SIGKILL)
         p.wait(timeout=30)
         until(lambda: not alive(pid), 90, "the program outlived its recorder")
