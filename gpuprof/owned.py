@@ -12,12 +12,21 @@ the Python API sets none of it.
   job, peak memory the same: small, and not a constant tuned to get it. :func:`command` gives
   the objects back (``gc.unfreeze``) when the command ends, so a command run inside another
   program (click's test runner, a notebook) leaves the collector as it found it.
+* OpenBLAS's thread count, read once when numpy loads the library: :func:`analysing` loads it
+  with ``OPENBLAS_NUM_THREADS=1`` and puts the variable back as it was at once, so nothing the
+  command starts later inherits the setting. gpuprof's analysis makes no BLAS call (no matrix
+  product, no linear algebra), yet on load OpenBLAS starts a worker thread per further CPU that
+  spins, waiting for work, before it sleeps: CPU time that bought nothing. Measured on this
+  project's 2-core VM (docs/performance.md, "OpenBLAS's idle threads"): ``import numpy`` 0.33 →
+  0.19 s of CPU, mean of 8 interleaved runs each.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import os
+import sys
 from collections.abc import Iterator
 
 from gpuprof import strings
@@ -34,12 +43,34 @@ def analysing() -> None:
     is left to its owner). The collector's state is the process's: a host program that freezes
     objects of its own while a command runs in it has them given back with the command's."""
     global _froze
+    _load_numpy_single_threaded()
     strings.own_process()
     import gpuprof.api  # noqa: F401  (its modules are imported now, so that the freeze covers them)
 
     if not _froze and gc.get_freeze_count() == 0:
         gc.freeze()
         _froze = True
+
+
+#: OpenBLAS's variable for its thread count (numpy's wheels bundle OpenBLAS).
+BLAS_THREADS = "OPENBLAS_NUM_THREADS"
+
+
+def _load_numpy_single_threaded() -> None:
+    """Import numpy, where nothing has yet, with OpenBLAS set to one thread, then put the
+    environment back as it was: OpenBLAS reads the variable once, when numpy loads it, so the
+    setting stays this process's and no child (a worker, ``record``'s program) inherits it."""
+    if "numpy" in sys.modules:
+        return
+    saved = os.environ.get(BLAS_THREADS)
+    os.environ[BLAS_THREADS] = "1"
+    try:
+        import numpy  # noqa: F401
+    finally:
+        if saved is None:
+            os.environ.pop(BLAS_THREADS, None)
+        else:
+            os.environ[BLAS_THREADS] = saved
 
 
 @contextlib.contextmanager

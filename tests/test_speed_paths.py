@@ -365,3 +365,48 @@ def test_local_workers_run_with_the_string_storage_of_the_process_that_started_t
             if ex.pool is None:
                 pytest.skip("one CPU: no worker processes to start")
             assert ex.map(pd.get_option, [strings.OPTION, strings.OPTION]) == [storage, storage]
+
+
+_BLAS_PROBE = r"""
+import ctypes, json, os, sys
+from gpuprof.cli import main
+env_before = os.environ.get("OPENBLAS_NUM_THREADS")
+try:
+    main(sys.argv[1:], standalone_mode=False)
+finally:
+    libs = sorted({line.split()[-1] for line in open("/proc/self/maps") if "openblas" in line.split("/")[-1]})
+    threads = None
+    for lib in libs:
+        handle = ctypes.CDLL(lib)
+        for sym in ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads", "openblas_get_num_threads64_",
+                    "openblas_get_num_threads"):
+            if hasattr(handle, sym):
+                threads = getattr(handle, sym)()
+                break
+    print(json.dumps({"libs": libs, "threads": threads, "env": [env_before, os.environ.get("OPENBLAS_NUM_THREADS")]}))
+"""
+
+
+@pytest.mark.parametrize("setting", [None, "3"])
+def test_the_cli_loads_openblas_with_one_thread_and_leaves_the_environment_as_it_was(tmp_path: Path,
+                                                                                     setting: str | None) -> None:
+    """gpuprof.owned: a real `gpuprof report` in a fresh process loads numpy's OpenBLAS with one
+    thread (its idle workers only burn CPU: the analysis makes no BLAS call), whatever the caller
+    set, and puts OPENBLAS_NUM_THREADS back as it was, so nothing it starts inherits the change.
+    Asked of the library itself (its get_num_threads); skipped where numpy bundles no OpenBLAS."""
+    import os
+
+    if not Path("/proc/self/maps").exists():
+        pytest.skip("reads the loaded libraries from /proc/self/maps (Linux)")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if setting is not None:
+        env["OPENBLAS_NUM_THREADS"] = setting
+    r = subprocess.run([sys.executable, "-c", _BLAS_PROBE, "report", str(SAMPLES / "gpt_host_sync.json.gz"),
+                        "--format", "json", "--no-cache", "-o", str(tmp_path / "r.json")],
+                       capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    seen = json.loads(r.stdout.strip().splitlines()[-1])
+    if not seen["libs"] or seen["threads"] is None:
+        pytest.skip(f"numpy loaded no OpenBLAS with a known get_num_threads here ({seen['libs']})")
+    assert seen["threads"] == 1 and seen["env"] == [setting, setting]
+    assert json.loads((tmp_path / "r.json").read_text())["schema_version"] == 1
