@@ -23,6 +23,9 @@
 #include <string.h>
 #include <stdlib.h>
 #include <math.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 /* Numeric columns (float64), in this order; their bit in "rare" is their index. */
 enum {
@@ -71,7 +74,7 @@ typedef struct {
 
 typedef struct {
     const unsigned char *base, *p, *end;
-    Py_ssize_t n, cap;
+    Py_ssize_t n, cap, filled; /* events, rows allocated, rows holding their defaults */
     Col ph, cat, name, rare, grid, block;
     Col num[N_NUM];
     Col str[N_STR];
@@ -165,6 +168,26 @@ static int col_init(Col *c, Py_ssize_t item, Py_ssize_t cap) {
 
 #define COL(c, T) ((T *)PyByteArray_AS_STRING((c).buf))
 
+static Col *all_cols(Scan *sc, int i);
+
+/* Rows [a, b) of every column set to an event's defaults (those of gpuprof.trace.load._Event),
+ * column by column, a block of FILL_ROWS rows just before the scan reaches them (scan_array): each
+ * event then writes only the fields it has, into lines the fill left in cache, and the rows
+ * allocated beyond the last event are never touched. */
+#define FILL_ROWS 1024
+static void fill_defaults(Scan *sc, Py_ssize_t a, Py_ssize_t b) {
+    memset(COL(sc->ph, uint8_t) + a, 0, (size_t)(b - a));
+    memset(COL(sc->cat, int8_t) + a, 0xFF, (size_t)(b - a));
+    for (int f = 0; f < N_NUM; f++) {
+        double *c = COL(sc->num[f], double), v = f == F_PID || f == F_TID || f == F_DUR ? 0.0 : NAN;
+        for (Py_ssize_t i = a; i < b; i++) c[i] = v;
+    }
+    for (int s = 0; s < N_STR; s++) memset(COL(sc->str[s], int32_t) + a, 0xFF, (size_t)(b - a) * 4);
+    for (int r = 0; r < N_RAW; r++) memset(COL(sc->raw[r], int32_t) + a, 0xFF, (size_t)(b - a) * 4);
+    memset(COL(sc->grid, int64_t) + 3 * a, 0xFF, (size_t)(b - a) * 24);
+    memset(COL(sc->block, int64_t) + 3 * a, 0xFF, (size_t)(b - a) * 24);
+}
+
 static Col *all_cols(Scan *sc, int i) {
     Col *fixed[] = {&sc->ph, &sc->cat, &sc->name, &sc->rare, &sc->grid, &sc->block};
     if (i < 6) return fixed[i];
@@ -214,6 +237,18 @@ static int hexval(unsigned char c) {
 static int skip_string(Scan *sc, int *esc) {
     const unsigned char *p = sc->p + 1, *end = sc->end;
     for (;;) {
+#if defined(__SSE2__)
+        /* 16 bytes at a time: the first quote, backslash or control character (<= 0x1F) */
+        while (end - p >= 16) {
+            __m128i x = _mm_loadu_si128((const __m128i *)p);
+            __m128i hit = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8('"')),
+                                                    _mm_cmpeq_epi8(x, _mm_set1_epi8('\\'))),
+                                       _mm_cmpeq_epi8(_mm_max_epu8(x, _mm_set1_epi8(0x1F)), _mm_set1_epi8(0x1F)));
+            int mask = _mm_movemask_epi8(hit);
+            if (mask) { p += __builtin_ctz((unsigned)mask); break; }
+            p += 16;
+        }
+#endif
         while (end - p >= 8) {
             uint64_t w;
             memcpy(&w, p, 8);
@@ -539,18 +574,7 @@ static int parse_args(Scan *sc, uint32_t *rare) {
 }
 
 static int parse_event(Scan *sc) {
-    Py_ssize_t i = sc->n;
-    /* defaults, as gpuprof.trace.load._Event's */
-    COL(sc->ph, uint8_t)[i] = 0;
-    COL(sc->cat, int8_t)[i] = -1;
-    for (int f = 0; f < N_NUM; f++) COL(sc->num[f], double)[i] = NAN;
-    COL(sc->num[F_PID], double)[i] = 0.0;
-    COL(sc->num[F_TID], double)[i] = 0.0;
-    COL(sc->num[F_DUR], double)[i] = 0.0;
-    for (int s = 0; s < N_STR; s++) COL(sc->str[s], int32_t)[i] = -1;
-    for (int r = 0; r < N_RAW; r++) COL(sc->raw[r], int32_t)[i] = -1;
-    int64_t *g = COL(sc->grid, int64_t) + 3 * i, *b = COL(sc->block, int64_t) + 3 * i;
-    g[0] = g[1] = g[2] = b[0] = b[1] = b[2] = -1;
+    Py_ssize_t i = sc->n; /* the row's defaults were written by fill_defaults */
     uint32_t rare = 0;
     int32_t name = -2;
     unsigned seen = 0;
@@ -656,6 +680,11 @@ static int scan_array(Scan *sc) {
             int g = grow(sc);
             Py_UNBLOCK_THREADS_SC
             if (g < 0) return 2;
+        }
+        if (sc->n == sc->filled) {
+            Py_ssize_t b = sc->filled + FILL_ROWS < sc->cap ? sc->filled + FILL_ROWS : sc->cap;
+            fill_defaults(sc, sc->filled, b);
+            sc->filled = b;
         }
         ws(sc);
         if (parse_event(sc) < 0) return 1;
