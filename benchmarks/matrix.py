@@ -14,7 +14,8 @@ NCCL-heavy DDP rank    ``ddp_manual_allreduce/rank0`` (an all-reduce per paramet
 For each shape and size (MB of JSON), in one run and interleaved so a slow spell of the machine
 hits both tools: ``gpuprof report --format json`` end to end in a fresh process (start-up
 included) cold (``--no-cache``), with the parse cache alone (results cache emptied) and with
-both caches, each the median of ``--repeat`` runs; HTA once (load, then temporal, idle-time and
+both caches, each the median of ``--repeat`` runs; HTA the median of ``--hta-repeat`` runs (default one) spread
+between gpuprof's rounds (load, then temporal, idle-time and
 kernel breakdowns, as ``benchmarks/vs_hta.py``); and the stage breakdown of a cold report with a
 bare msgspec typed decode of the same file beside the load (:mod:`benchmarks.stages`; of rank 0
 for the 8-rank job). Peak memory is the largest total RSS of the process and all its
@@ -30,7 +31,7 @@ cached re-report < 0.5 s per 100 MB (these three on traces ≥ 50 MB), and the l
 decode.
 
     python -m benchmarks.matrix --hta-python .scratch/hta-venv/bin/python [--sizes 100,400] [--repeat 3]
-        [--shapes gpt,sync,...] [--json results.json]
+        [--hta-repeat 3] [--shapes gpt,sync,...] [--json results.json]
     python -m benchmarks.matrix --from results.json     # the table again, from the measurements
 
 HTA 0.5.0 in its own environment: ``python3 -m venv .scratch/hta-venv &&
@@ -140,10 +141,19 @@ def median(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {**ok[len(ok) // 2], "all_seconds": [round(r["seconds"], 2) for r in ok]}
 
 
+def hta_rounds(repeat: int, hta_repeat: int) -> list[int]:
+    """The gpuprof rounds (0 .. ``repeat`` - 1) after which HTA runs, once per entry: spread evenly
+    over the rounds, centred (one run: the middle round), so a slow spell of the machine falls on
+    both tools alike."""
+    return [((2 * j + 1) * repeat) // (2 * hta_repeat) for j in range(hta_repeat)]
+
+
 def row(shape: str, mb: float, where: Path, hta_python: str | None, repeat: int,
-        earlier: dict[tuple[str, float, int], dict[str, Any]] | None = None) -> dict[str, Any]:
+        earlier: dict[tuple[str, float, int], dict[str, Any]] | None = None, hta_repeat: int = 1) -> dict[str, Any]:
     """One shape at one size: the trace made, both tools timed, the trace deleted (``hta_python``
-    None: gpuprof alone, unless ``earlier`` holds HTA's measurement of the same trace)."""
+    None: gpuprof alone, unless ``earlier`` holds HTA's measurement of the same trace). HTA runs
+    ``hta_repeat`` times between gpuprof's rounds (:func:`hta_rounds`) and its median run is kept,
+    as gpuprof's is."""
     target, folder, events = make(shape, mb, where)
     size = sum(f.stat().st_size for f in folder.iterdir()) / 1e6
     cache = where / f"cache-{shape}-{mb:g}"
@@ -153,13 +163,17 @@ def row(shape: str, mb: float, where: Path, hta_python: str | None, repeat: int,
     timed(cli, env)  # fills both caches
     cold, parsed, cached = [], [], []
     hta: dict[str, Any] = {"error": "not run (no --hta-python)"}
+    hta_runs: list[dict[str, Any]] = []
+    after = hta_rounds(repeat, hta_repeat)
     for i in range(repeat):
         cold.append(timed([*cli, "--no-cache"], env))
         shutil.rmtree(cache / "results", ignore_errors=True)
         parsed.append(timed(cli, env))
         cached.append(timed(cli, env))
-        if hta_python and i == repeat // 2:
-            hta = timed([hta_python, "-c", HTA, str(folder)])
+        if hta_python:
+            hta_runs += [timed([hta_python, "-c", HTA, str(folder)]) for _ in range(after.count(i))]
+    if hta_runs:
+        hta = median(hta_runs)
     if hta_python is None and earlier and (shape, mb, events) in earlier:
         hta = earlier[(shape, mb, events)]  # the same generated trace (same shape, size and events)
     stages = stage_times(folder / "rank0.json")
@@ -243,7 +257,10 @@ def main() -> None:
     p.add_argument("--hta-python", help="the Python of an environment with holistictraceanalysis==0.5.0")
     p.add_argument("--sizes", default="100,400", help="MB of JSON per shape, comma-separated")
     p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
-    p.add_argument("--repeat", type=int, default=3, help="gpuprof runs per row (median kept); HTA runs once")
+    p.add_argument("--repeat", type=int, default=3, help="gpuprof runs per row (median kept)")
+    p.add_argument("--hta-repeat", type=int, default=1,
+                   help="HTA runs per row, spread over gpuprof's (median kept): its CPU time varies by about "
+                        "10 %% between runs on a shared machine, as much as a target's margin")
     p.add_argument("--hta-only", action="append", default=[], metavar="MB=SHAPE[+SHAPE...]",
                    help="at this size run HTA on these shapes only (HTA at 400 MB takes minutes per trace here)")
     p.add_argument("--hta-from", help="a --json file of an earlier run: reuse its HTA measurements of the same "
@@ -271,7 +288,7 @@ def main() -> None:
         for mb in [float(x) for x in a.sizes.split(",")]:
             for shape in a.shapes.split(","):
                 hta = a.hta_python if mb not in hta_only or shape in hta_only[mb] else None
-                r = row(shape, mb, Path(d), hta, a.repeat, earlier)
+                r = row(shape, mb, Path(d), hta, a.repeat, earlier, a.hta_repeat)
                 r["requested_mb"], r["when"] = mb, time.strftime("%Y-%m-%d %H:%M")
                 rows.append(r)
                 if a.json:  # after every row: a run cut short keeps what it measured
