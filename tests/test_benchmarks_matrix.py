@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from benchmarks.matrix import hta_rounds, median
@@ -21,7 +23,7 @@ def test_hta_runs_are_spread_over_gpuprofs_rounds(repeat: int, hta_repeat: int, 
 
 
 def test_the_median_run_is_kept_and_failed_runs_are_left_out() -> None:
-    runs = [{"seconds": 3.0, "cpu_seconds": 3.1}, {"error": "exit 1"}, {"seconds": 1.0, "cpu_seconds": 1.2},
+    runs: list[dict[str, Any]] = [{"seconds": 3.0, "cpu_seconds": 3.1}, {"error": "exit 1"}, {"seconds": 1.0, "cpu_seconds": 1.2},
             {"seconds": 2.0, "cpu_seconds": 2.2}]
     assert median(runs) == {"seconds": 2.0, "cpu_seconds": 2.2, "all_seconds": [1.0, 2.0, 3.0]}
     assert median([{"error": "exit 1"}]) == {"error": "exit 1"}
