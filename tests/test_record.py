@@ -159,14 +159,19 @@ def test_crash_inside_the_window_keeps_a_valid_run(tmp_path: Path) -> None:
     assert rep.returncode == 0, rep.stderr
 
 
+def trace_recorded(meta: Path) -> bool:
+    """Whether a rank's record (``traces/*.meta.json``) names its written trace yet. The hook
+    claims the record as an empty file (``hook._claim``) and fills it atomically later: a missing
+    or empty file is "not yet", never a parse error."""
+    text = meta.read_text() if meta.is_file() else ""
+    return bool(text and json.loads(text).get("trace"))
+
+
 def test_sigint_is_passed_on_and_the_run_folder_written(tmp_path: Path) -> None:
     p = start_long_recording(tmp_path, "0.01")
     deadline = time.time() + 120
     meta = tmp_path / "run" / "traces" / "rank0.meta.json"
-    # the hook claims its record as an empty file (hook._claim) and fills it atomically later:
-    # an empty file is "not written yet", never a parse error
-    while time.time() < deadline and not ((text := meta.read_text() if meta.exists() else "")
-                                          and json.loads(text).get("trace")):
+    while time.time() < deadline and not trace_recorded(meta):
         time.sleep(0.2)  # wait until the profiled window has been written
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)

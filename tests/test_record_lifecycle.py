@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.test_record import FAST, LONG, alive, manifest, wait_progress, write
+from tests.test_record import FAST, LONG, alive, manifest, trace_recorded, wait_progress, write
 
 
 def until(cond: Callable[[], bool], timeout: float, what: str) -> None:
@@ -108,8 +108,7 @@ def test_kill_9_of_the_recorder_takes_the_program_with_it_and_keeps_its_trace(tm
     run = tmp_path / "run"
     meta = run / "traces" / "rank0.meta.json"
     try:
-        until(lambda: meta.is_file() and bool((t := meta.read_text()) and json.loads(t).get("trace")), 120,
-              "no trace recorded")  # an empty file is the hook's claim (hook._claim), not yet its record
+        until(lambda: trace_recorded(meta), 120, "no trace recorded")
         os.kill(p.pid, signal.SIGKILL)
         p.wait(timeout=30)
         until(lambda: not alive(pid), 90, "the program outlived its recorder")

@@ -168,8 +168,6 @@ static int col_init(Col *c, Py_ssize_t item, Py_ssize_t cap) {
 
 #define COL(c, T) ((T *)PyByteArray_AS_STRING((c).buf))
 
-static Col *all_cols(Scan *sc, int i);
-
 /* Rows [a, b) of every column set to an event's defaults (those of gpuprof.trace.load._Event),
  * column by column, a block of FILL_ROWS rows just before the scan reaches them (scan_array): each
  * event then writes only the fields it has, into lines the fill left in cache, and the rows
