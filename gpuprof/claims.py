@@ -238,7 +238,11 @@ def merge(contributions: Iterable[Contribution], steps: Mapping[int, int], step_
     rank's steps): ranks of one job step together, so the slowest rank's gain is the job's. Title
     and evidence come from the rank where it asked for most. Percentages are of each rank's step
     time ``step_ms`` (the unprofiled step when it is known, else the traced one); ``steps`` is each
-    rank's number of profiled steps.
+    rank's number of profiled steps. A finding that saves nothing is left out, unless its fix
+    removes GPU work (:func:`_gpu_held_ms`) that the replayed step does not get shorter by (the
+    host, or other work, sets the step after it): then it is kept at no saving, marked
+    ``replayed_step_no_shorter``, a note (:func:`split_notes`), so the report says what the fix
+    would do and why it is not ranked.
     """
     by_id: dict[str, list[Contribution]] = {}
     for c in contributions:
@@ -257,19 +261,32 @@ def merge(contributions: Iterable[Contribution], steps: Mapping[int, int], step_
         else:
             saving, rank, total = 0.0, next(iter(steps)), 0.0
         saving = min(saving, step_ms[rank])
-        if saving <= 0 and not best.informational:
+        held = _gpu_held_ms(top, step_ms[rank]) if with_units and saving <= 0 else 0.0
+        if saving <= 0 and not best.informational and not held:
             continue
         pct = 100.0 * saving / step_ms[rank] if step_ms[rank] > 0 else 0.0
         ev = dict(best.evidence)
+        title = best.title
+        if held:  # a note (split_notes): what the fix does to the GPU, though the step keeps its time
+            ev["replayed_step_no_shorter"] = True
+            title += f" (removes {held:.2f} ms of GPU time a step, but the replayed step is no shorter)"
         if len(cs) > 1:
             ev["ranks"] = sorted({c.rank for c in with_units})
         if total - saving > 1e-6:
             ev["overlap_ms_counted_elsewhere"] = round(total - saving, 4)
-        out.append(Finding(id=best.id, category=best.category, title=best.title, estimated_savings_ms=saving,
+        out.append(Finding(id=best.id, category=best.category, title=title, estimated_savings_ms=saving,
                            estimated_savings_pct=pct, confidence=best.confidence,  # type: ignore[arg-type]
                            recommendation=best.recommendation, evidence=ev))
     return out
 
+
+
+def _gpu_held_ms(c: Contribution, step_ms: float) -> float:
+    """The GPU time per step (ms) a fix the replay prices at no step saving still removes (evidence
+    ``gpu_time_saved_ms_per_step``, :mod:`gpuprof.pricing`), where it is at least
+    ``NEGLIGIBLE_PCT`` of the step; 0 otherwise."""
+    gpu = float(c.evidence.get("gpu_time_saved_ms_per_step", 0.0) or 0.0)
+    return gpu if step_ms > 0 and 100.0 * gpu / step_ms >= NEGLIGIBLE_PCT else 0.0
 
 
 def units_of(kind: str, rank: int, rows: Iterable[int], saved_us: np.ndarray | pd.Series) -> dict[Unit, float]:
@@ -318,7 +335,10 @@ def rank_findings(findings: Sequence[Finding]) -> list[Finding]:
 
 def split_notes(findings: Sequence[Finding]) -> tuple[list[Finding], list[Finding]]:
     """(fixes, notes): a finding whose saving is positive but below ``NEGLIGIBLE_PCT`` of the step
-    saves nothing a user could see, so it is a note, not a fix. Informational findings (no saving
-    estimated, severity "info", e.g. memory headroom) stay with the fixes, after them."""
-    notes = [f for f in findings if 0 < f.estimated_savings_pct < NEGLIGIBLE_PCT]
+    saves nothing a user could see, so it is a note, not a fix; so is one whose GPU work the replay
+    removes without shortening the step (evidence ``replayed_step_no_shorter``, :func:`merge`). Informational
+    findings (no saving estimated, severity "info", e.g. memory headroom) stay with the fixes,
+    after them."""
+    notes = [f for f in findings
+             if 0 < f.estimated_savings_pct < NEGLIGIBLE_PCT or f.evidence.get("replayed_step_no_shorter") is True]
     return [f for f in findings if f not in notes], notes
