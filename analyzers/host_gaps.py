@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 from gpuprof.analyzers._base import HOST_NOTE, ms
 from gpuprof.hostops import copy_sync_gaps, pageable_copy_syncs, python_frames
-from gpuprof.idle import HOST_WORK_MIN_US, graph_capture_calls, in_graph, name_mask, outermost_aten
+from gpuprof.idle import HOST_WORK_MIN_US, forward_only, graph_capture_calls, in_graph, name_mask, outermost_aten
 from gpuprof.trace.names import SYNC_CALLS
 from gpuprof.claims import Candidate, gap_units
 from gpuprof.rank import RankView
@@ -377,9 +377,11 @@ def launch_overhead(v: RankView) -> list[Candidate]:
     bound = share < 0.5 and v.busy_us < 0.5 * v.unprofiled_or_traced_step_us and launch_real >= 0.5 * idle_real
     # Requests served one at a time, or decode recomputing its prefix: batching them (a KV cache)
     # is the first fix and removes most launches itself; graphs then claim only what it leaves.
+    # (both rules read forward-only traces with a GPU spec: elsewhere neither fires, so nothing to defer to)
     from gpuprof.analyzers.inference import request_repeats, token_passes
 
-    first_fix = bound and (not request_repeats(v).empty or not token_passes(v).empty)
+    first_fix = (bound and v.spec is not None and forward_only(v.trace)
+                 and (not token_passes(v).empty or not request_repeats(v).empty))
     if first_fix:
         bound = False
         ev["first_fix"] = "batching or a KV cache (GP-BATCH-001, GP-KV-001): CUDA graphs claim what it leaves"

@@ -4,6 +4,8 @@ The held-out traces (sample_traces/h200/heldout/) check the rules here; no thres
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,7 @@ import gpuprof
 from benchmarks.pairs import realised_ms, step_ms, trace_path
 from gpuprof.jobs import load_trace_cached
 from gpuprof.replay import build
+from tests.conftest import TraceBuilder
 
 
 def analysed(name: str, with_step: bool = True) -> gpuprof.Analysis:
@@ -181,3 +184,29 @@ def test_gemm_bound_bf16_on_hopper_is_told_fp8_priced_at_the_fp8_rate() -> None:
                                   "ho_decoder_nocache"])
 def test_no_fp8_advice_where_gemms_do_not_set_the_step(name: str) -> None:
     assert not any(f.id == "GP-PREC-002" for f in analysed(name).findings)
+
+
+def test_a_launch_bound_training_step_that_repeats_a_sequence_keeps_its_launch_finding(tmp_path: Path) -> None:
+    """SYNTHETIC training trace: each step runs one 16-kernel sequence four times over batch-1
+    inputs, then a backward op, every kernel 2 µs behind a 25 µs launch. That is the shape of
+    requests served one at a time, but a training step (a backward ran): the batching and kv_cache
+    rules read forward-only traces, so neither fires, and launch overhead, which defers to them where
+    they do, must still be named here."""
+    b = TraceBuilder()
+    t = 0.0
+    for s in range(3):
+        start = t
+        b.annotation(f"ProfilerStep#{s + 3}", start, 4 * 16 * 25.0 + 60.0)
+        for _ in range(4):
+            for j in range(16):
+                e = b.op(f"aten::op{j}", t, 20.0, [[1, 128, 64], [64]], ["float", "float"])
+                b.launch(f"kernel_{j}", t + 2, t + 8, 2.0, e, grid=(4, 1, 1))
+                t += 25.0
+        e = b.op("autograd::engine::evaluate_function: AddBackward0", t, 20.0, [[1, 128, 64]], ["float"])
+        b.launch("kernel_backward", t + 2, t + 8, 2.0, e, grid=(4, 1, 1))
+        t = start + 4 * 16 * 25.0 + 61.0
+    a = gpuprof.analyze(b.write(tmp_path / "repeats_training.json"), cache=False)
+    cats = [f.category for f in a.findings]
+    assert "batching" not in cats and "kv_cache" not in cats
+    launch = finding(a, "launch_overhead")
+    assert launch is not None and "first_fix" not in launch.evidence
