@@ -207,6 +207,8 @@ def host_stall(v: RankView) -> list[Candidate]:
             "python": [f"Python{' in `' + str(f) + '`' if f else ''} after the step's last GPU work, before the "
                        "next step starts" for f in tf]})
         rows = after_step if rows.empty else pd.concat([rows, after_step], ignore_index=True)
+    for c in ("op", "call", "python"):  # missing is None: the concat made it NaN, which reads as text `nan`
+        rows[c] = rows[c].astype(object).where(rows[c].notna(), None)
     rows = rows.sort_values("ms", ascending=False)
     worst = rows.iloc[0]
     per_step = rows.groupby("step")["ms"].agg(["sum", "size"]).sort_values("sum", ascending=False)
