@@ -207,8 +207,6 @@ def host_stall(v: RankView) -> list[Candidate]:
             "python": [f"Python{' in `' + str(f) + '`' if f else ''} after the step's last GPU work, before the "
                        "next step starts" for f in tf]})
         rows = after_step if rows.empty else pd.concat([rows, after_step], ignore_index=True)
-    for c in ("op", "call", "python"):  # missing is None: the concat made it NaN, which reads as text `nan`
-        rows[c] = rows[c].astype(object).where(rows[c].notna(), None)
     rows = rows.sort_values("ms", ascending=False)
     worst = rows.iloc[0]
     per_step = rows.groupby("step")["ms"].agg(["sum", "size"]).sort_values("sum", ascending=False)
@@ -261,9 +259,12 @@ def _stall_rows(v: RankView, g: pd.DataFrame) -> pd.DataFrame:
     where = [None if ins else f"Python{' in `' + str(f) + '`' if f else ''} between `{a or '(step start)'}` "
              f"and `{b or '(trace end)'}`"
              for ins, f, a, b in zip(inside, frame, after, before)]  # one per stall: a handful
-    return pd.DataFrame({"step": g["step"].to_numpy(), "ms": g["dur"].to_numpy() / 1000.0, "op": op,
-                         "call": call, "call_ms": np.where(inside, g["call_us"].to_numpy() / 1000.0, 0.0),
-                         "python": where})
+    # object columns: names beside None would be inferred as pandas' str dtype, whose missing value
+    # is NaN, which a title then reads as the text `nan`
+    return pd.DataFrame({"step": g["step"].to_numpy(), "ms": g["dur"].to_numpy() / 1000.0,
+                         "op": pd.Series(op, dtype=object), "call": pd.Series(call, dtype=object),
+                         "call_ms": np.where(inside, g["call_us"].to_numpy() / 1000.0, 0.0),
+                         "python": pd.Series(where, dtype=object)})
 
 
 def _main_tid(v: RankView) -> int:
