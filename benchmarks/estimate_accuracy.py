@@ -2,9 +2,10 @@
 
 For each pair: analyse the bad trace (with its unprofiled step time, as `gpuprof record` or
 `--step-ms` supplies it), take the finding of the pair's category, and compare its estimated
-saving with the realised difference of the unprofiled step times (bad − good, each the mean of
-two runs, in sample_traces/h200/timings/). Also checks the category is in the bad trace's top 3
-and not raised with ≥ 5 % by the good trace. Prints the tables of docs/accuracy.md.
+saving (replayed together with the findings whose fix the good member also applies, where the
+pair says so: ``also``) with the realised difference of the unprofiled step times (bad − good,
+each the mean of two runs, in sample_traces/h200/timings/). Also checks the category is in the
+bad trace's top 3 and not raised with ≥ 5 % by the good trace. Prints the tables of docs/accuracy.md.
 
     python -m benchmarks.estimate_accuracy              # every table of docs/accuracy.md
     python -m benchmarks.estimate_accuracy --heldout    # the held-out pairs and the by-class table only
@@ -21,7 +22,7 @@ import json
 from pathlib import Path
 
 import gpuprof
-from benchmarks.pairs import (depth_pairs, family, heldout_pairs, home, input_wait_ms, pairs, realised_ms,
+from benchmarks.pairs import (also, depth_pairs, family, heldout_pairs, home, input_wait_ms, pairs, realised_ms,
                               realised_noise_ms, step_ms, trace_path)
 
 
@@ -40,11 +41,19 @@ def row(cat: str, bad: str, good: str, with_step_ms: bool = True, comparable: bo
     same = session(bad) == session(good)  # host-bound savings compare only within one session
     realised = realised_ms(bad, good)
     ok = comparable and same
-    est = alone_ms(mine)
+    est, applied = alone_ms(mine), []
+    if mine is not None:  # a good member that also applies other findings' fixes: those replayed with it
+        applied = [f for f in (next((f for f in a.findings if f.category == c), None) for c in also(bad, good)) if f]
+        if applied and all(f.evidence.get("estimate") == "replay" for f in [mine, *applied]):
+            w = a.what_if([mine.id] + [f.id for f in applied])  # replayed together, as each was alone
+            est = float(w["before_ms"]) - float(w["step_time_ms"])
+        elif applied:  # an estimate that is not the replay (a host-side fix on a bare trace): added
+            est += sum(alone_ms(f) for f in applied)
     return {
         "category": cat, "bad": bad, "good": good, "rank_in_bad": cats.index(cat) + 1 if cat in cats else None,
         "bad_top1": cats[0] if cats else None,
         "estimated_ms": est,
+        "also": [f.category for f in applied],
         "estimated_pct": (mine.estimated_savings_pct * est / mine.estimated_savings_ms
                           if mine and mine.estimated_savings_ms else 0.0),
         "realised_ms": realised if ok else None,
@@ -160,7 +169,9 @@ def markdown(rows: list[dict[str, object]]) -> str:
         real = ((r.get("why") or "not run") if r["realised_ms"] is None
                 else f"{r['realised_ms']:.2f} ({r['realised_pct']:.0f}%)")
         err = "–" if r["error_pct"] is None else f"{r['error_pct']:+.0f}%"
-        out.append(f"| {r['category']} | {r['bad']} ({r['bad_step_ms']:.2f} ms) → {r['good']} ({r['good_step_ms']:.2f} ms) "
+        extra: list[str] = r.get("also") or []  # type: ignore[assignment]
+        cat = " + ".join([str(r["category"]), *extra])
+        out.append(f"| {cat} | {r['bad']} ({r['bad_step_ms']:.2f} ms) → {r['good']} ({r['good_step_ms']:.2f} ms) "
                    f"| {r['rank_in_bad'] or '–'} | {r['estimated_ms']:.2f} ({r['estimated_pct']:.0f}%) | {real} | {err} "
                    f"| {r['good_pct']:.1f}% |")
     return "\n".join(out)

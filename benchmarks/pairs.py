@@ -99,6 +99,18 @@ def heldout_pairs() -> list[tuple[str, str, str, str]]:
     return [(p["class"], p["expect"], p["bad"], p["good"]) for p in doc["pairs"]]
 
 
+def also(bad: str, good: str) -> tuple[str, ...]:
+    """The finding categories whose fix the pair's good member applies besides the expected one
+    (a pair's ``also`` in pairs.json, depth_pairs.json or heldout_pairs.json): vision_workers and
+    the 12-worker loaders also pin memory and copy ``non_blocking``, the bf16 CNN twins are
+    channels-last too. Empty for a pair that changes one thing."""
+    for f in ("pairs.json", "depth_pairs.json", "heldout_pairs.json"):
+        for p in json.loads((H200 / f).read_text())["pairs"]:
+            if p.get("bad") == bad and p.get("good") == good and p.get("also"):
+                return tuple(str(c) for c in p["also"])
+    return ()
+
+
 def family(name: str) -> str:
     """The model family a pair member belongs to (held-out programs: heldout_pairs.json's
     ``family``; tuned samples: the program the name starts with)."""
