@@ -85,6 +85,12 @@ def _dims(ops: pd.DataFrame, rows: np.ndarray) -> list[Any]:
 # --- kv_cache ------------------------------------------------------------------------------------
 
 def token_passes(v: RankView) -> pd.DataFrame:
+    """:func:`_token_passes` of the view, found once (launch_overhead asks too; read-only)."""
+    out: pd.DataFrame = v.shared("token_passes", lambda: _token_passes(v))
+    return out
+
+
+def _token_passes(v: RankView) -> pd.DataFrame:
     """The forward passes of each step whose token input grows by one token per pass: one row per
     pass (``step``, ``index`` in its step, ``start`` and ``end`` on the host, ``length`` L and
     ``batch`` B of its ids, ``op``: the embedding's row), for the steps that have at least
@@ -246,6 +252,12 @@ def kv_cache(v: RankView) -> list[Candidate]:
 # --- batching ------------------------------------------------------------------------------------
 
 def request_repeats(v: RankView) -> pd.DataFrame:
+    """:func:`_request_repeats` of the view, found once (launch_overhead asks too; read-only)."""
+    out: pd.DataFrame = v.shared("request_repeats", lambda: _request_repeats(v))
+    return out
+
+
+def _request_repeats(v: RankView) -> pd.DataFrame:
     """The per-request repeats of each step (see the module docstring): one row per kernel of a
     repeat, indexed by kernel row, with ``step``, ``repeat`` (0..R-1) and ``position`` in its
     repeat; empty where no step repeats one forward at batch 1."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -111,6 +112,7 @@ class RankView:
         self._update_masks: dict[str, pd.Series] = {}
         self._stream_order: np.ndarray | None = None
         self._gaps_of: dict[str, pd.DataFrame] = {}
+        self._shared: dict[str, Any] = {}
 
     def bracket_cost_us(self) -> float:
         """:func:`gpuprof.hostcost.bracket_cost_us` of the rank's trace: the view's
@@ -212,6 +214,14 @@ class RankView:
         if key not in self._update_masks:
             self._update_masks[key] = make()
         return self._update_masks[key]
+
+    def shared(self, key: str, make: Callable[[], Any]) -> Any:
+        """A value analyzers derive from the view alike (``analyzers.inference``'s token passes and
+        per-request repeats, which launch_overhead reads too), made once by the first that asks
+        (read-only, like the kernels)."""
+        if key not in self._shared:
+            self._shared[key] = make()
+        return self._shared[key]
 
     def host_confidence(self, otherwise: str = "high") -> str:
         """Confidence of a host-side estimate: lower when the unprofiled step time is unknown."""

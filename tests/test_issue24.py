@@ -210,3 +210,23 @@ def test_a_launch_bound_training_step_that_repeats_a_sequence_keeps_its_launch_f
     assert "batching" not in cats and "kv_cache" not in cats
     launch = finding(a, "launch_overhead")
     assert launch is not None and "first_fix" not in launch.evidence
+
+
+@pytest.mark.parametrize("helper", ["_token_passes", "_request_repeats"])
+def test_the_inference_searches_run_once_per_rank(helper: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a launch-bound per-request trace launch_overhead asks for the growing passes and the
+    per-request repeats before the kv_cache and batching rules do (each search ran twice before
+    RankView.shared); the rank's view keeps what the first search found, and batching stays first."""
+    from gpuprof.analyzers import inference
+
+    calls = []
+    real = getattr(inference, helper)
+
+    def counted(v: object) -> object:
+        calls.append(v)
+        return real(v)
+
+    monkeypatch.setattr(inference, helper, counted)
+    a = analysed("ho_deberta_per_request")
+    assert len(calls) == 1
+    assert a.findings[0].category == "batching"
