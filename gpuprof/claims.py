@@ -242,7 +242,8 @@ def merge(contributions: Iterable[Contribution], steps: Mapping[int, int], step_
     removes GPU work (:func:`_gpu_held_ms`) that the replayed step does not get shorter by (the
     host, or other work, sets the step after it): then it is kept at no saving, marked
     ``replayed_step_no_shorter``, a note (:func:`split_notes`), so the report says what the fix
-    would do and why it is not ranked.
+    would do and why it is not ranked (for a category whose estimate is its own arithmetic, not the
+    replay, such as memory_bound_decode, the title says its estimate saves no step time).
     """
     by_id: dict[str, list[Contribution]] = {}
     for c in contributions:
@@ -269,7 +270,9 @@ def merge(contributions: Iterable[Contribution], steps: Mapping[int, int], step_
         title = best.title
         if held:  # a note (split_notes): what the fix does to the GPU, though the step keeps its time
             ev["replayed_step_no_shorter"] = True
-            title += f" (removes {held:.2f} ms of GPU time a step, but the replayed step is no shorter)"
+            why = ("the replayed step is no shorter" if top.evidence.get("estimate") == "replay"
+                   else "its estimate saves no step time")  # a category that prices itself
+            title += f" (removes {held:.2f} ms of GPU time a step, but {why})"
         if len(cs) > 1:
             ev["ranks"] = sorted({c.rank for c in with_units})
         if total - saving > 1e-6:

@@ -377,6 +377,22 @@ def test_a_gpu_fix_the_replayed_step_does_not_feel_is_a_note_saying_so() -> None
     assert not any(n["evidence"].get("replayed_step_no_shorter") for n in bare["notes"])
 
 
+@pytest.mark.parametrize("evidence,says", [({"estimate": "replay"}, "but the replayed step is no shorter"),
+                                           ({"replay_not_used": "priced by its own arithmetic"},
+                                            "but its estimate saves no step time")])
+def test_a_note_at_no_saving_says_which_estimate_found_none(evidence: dict[str, str], says: str) -> None:
+    """SYNTHETIC contributions: a fix that removes 5 ms of GPU time a step and keeps no saving is a
+    note; its title blames the replay only where the replay is its estimate."""
+    from gpuprof.claims import Contribution, merge
+
+    c = Contribution(id="X-1", category="memory_bound_decode", title="t", confidence="high", recommendation="r",
+                     evidence={**evidence, "gpu_time_saved_ms_per_step": 5.0}, rank=0, generic=False,
+                     informational=False, units=3, kept_us=0.0, total_us=15000.0)
+    (f,) = merge([c], {0: 3}, {0: 20.0})
+    assert f.estimated_savings_ms == 0 and f.evidence["replayed_step_no_shorter"] is True
+    assert f.title == f"t (removes 5.00 ms of GPU time a step, {says})"
+
+
 def test_split_notes_puts_a_fix_the_step_does_not_feel_with_the_notes() -> None:
     """SYNTHETIC findings: a finding at no saving marked ``replayed_step_no_shorter`` is a note; one
     at no saving without it (informational) stays with the fixes."""
