@@ -5,6 +5,10 @@ sequences, bf16 weights, inference mode, for gpuprof's held-out KV-cache pairs.
                        rotary embeddings, grouped-query attention with 2 KV heads, SwiGLU)
   --model gpt2         transformers' GPT-2 (round 3; ``GPT2LMHeadModel`` from a ``GPT2Config``: LayerNorm,
                        learned positions, fused QKV projection (Conv1D), GELU MLP)
+  --model opt          transformers' OPT (for round 11; ``OPTForCausalLM`` from an ``OPTConfig``: pre-LayerNorm,
+                       learned positions, separate Q/K/V projections with biases, ReLU MLP 4x)
+  --model phi          transformers' Phi (for round 11; ``PhiForCausalLM`` from a ``PhiConfig``: attention and
+                       MLP in parallel off one LayerNorm, partial rotary embeddings, GELU MLP 4x, biases)
   --model handwritten  a decoder written here (RMSNorm, rotary embeddings, SDPA, SwiGLU, untied head)
                        with its own preallocated KV cache
   --no-cache           every new token runs the model over the whole sequence so far, the prefix
@@ -82,7 +86,7 @@ class Decoder(nn.Module):
 
 def main() -> None:
     p = parser(__doc__)
-    p.add_argument("--model", choices=["qwen2", "gpt2", "handwritten"], default="qwen2")
+    p.add_argument("--model", choices=["qwen2", "gpt2", "opt", "phi", "handwritten"], default="qwen2")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--prompt", type=int, default=1024)
     p.add_argument("--new-tokens", type=int, default=8)
@@ -93,7 +97,7 @@ def main() -> None:
     batch, prompt_len, vocab = (2, 16, 512) if a.tiny else (a.batch, a.prompt, 32000)
     max_len = prompt_len + a.new_tokens
     extra: dict[str, object] = {}
-    if a.model in ("qwen2", "gpt2"):
+    if a.model in ("qwen2", "gpt2", "opt", "phi"):
         import transformers as tf
 
         if a.model == "qwen2":
@@ -103,6 +107,20 @@ def main() -> None:
                                  max_position_embeddings=max(4096, max_len), tie_word_embeddings=False)
             with dev:
                 model = tf.Qwen2ForCausalLM(cfg)
+        elif a.model == "opt":
+            layers, d, heads = (2, 64, 4) if a.tiny else (8, 1024, 16)
+            cfg = tf.OPTConfig(vocab_size=vocab, hidden_size=d, num_hidden_layers=layers, ffn_dim=4 * d,
+                               num_attention_heads=heads, max_position_embeddings=max(2048, max_len),
+                               word_embed_proj_dim=d, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+            with dev:
+                model = tf.OPTForCausalLM(cfg)
+        elif a.model == "phi":
+            layers, d, heads = (2, 64, 4) if a.tiny else (6, 1280, 20)
+            cfg = tf.PhiConfig(vocab_size=vocab, hidden_size=d, intermediate_size=4 * d, num_hidden_layers=layers,
+                               num_attention_heads=heads, max_position_embeddings=max(2048, max_len),
+                               resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0)
+            with dev:
+                model = tf.PhiForCausalLM(cfg)
         else:
             layers, d, heads = (2, 64, 4) if a.tiny else (8, 1024, 16)
             cfg = tf.GPT2Config(vocab_size=vocab, n_embd=d, n_layer=layers, n_head=heads,
