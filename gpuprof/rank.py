@@ -109,10 +109,8 @@ class RankView:
                 budget = max(0.0, budget - real_dur[m].sum())
         self.gaps = g.assign(events=n, real_dur=real_dur)
         self._update_loops: pd.DataFrame | None = None
-        self._update_masks: dict[str, pd.Series] = {}
         self._stream_order: np.ndarray | None = None
-        self._gaps_of: dict[str, pd.DataFrame] = {}
-        self._shared: dict[str, Any] = {}
+        self._shared: dict[str, Any] = {}  # what :meth:`shared` made, by key
 
     def bracket_cost_us(self) -> float:
         """:func:`gpuprof.hostcost.bracket_cost_us` of the rank's trace: the view's
@@ -129,10 +127,9 @@ class RankView:
     def gaps_of(self, cause: str) -> pd.DataFrame:
         """The idle gaps of one cause (``gaps[gaps["cause"] == cause]``), filtered once per view:
         several analyzers ask for each. Read-only, like the gaps."""
-        if cause not in self._gaps_of:
-            g = self.gaps
-            self._gaps_of[cause] = g[g["cause"] == cause] if len(g) else g
-        return self._gaps_of[cause]
+        g = self.gaps
+        out: pd.DataFrame = self.shared(f"gaps:{cause}", lambda: g[g["cause"] == cause] if len(g) else g)
+        return out
 
     def in_stream_order(self, columns: Sequence[str]) -> pd.DataFrame:
         """``columns`` of the view's kernels (those it has) ordered by device, stream and start, as
@@ -211,14 +208,13 @@ class RankView:
 
     def _mask(self, key: str, make: Callable[[], pd.Series]) -> pd.Series:
         """A kernel mask of the view, made once (read-only, like the kernels)."""
-        if key not in self._update_masks:
-            self._update_masks[key] = make()
-        return self._update_masks[key]
+        out: pd.Series = self.shared(f"mask:{key}", make)
+        return out
 
     def shared(self, key: str, make: Callable[[], Any]) -> Any:
-        """A value analyzers derive from the view alike (``analyzers.inference``'s token passes and
-        per-request repeats, which launch_overhead reads too), made once by the first that asks
-        (read-only, like the kernels)."""
+        """A value derived from the view that several readers ask for (the gaps of one cause, the
+        update masks, ``analyzers.inference``'s token passes and per-request repeats, which
+        launch_overhead reads too), made once by the first that asks (read-only, like the kernels)."""
         if key not in self._shared:
             self._shared[key] = make()
         return self._shared[key]
