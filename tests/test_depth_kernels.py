@@ -139,9 +139,13 @@ def test_fp32_cnn_precision_assumes_amp_and_channels_last(bad: str, good: str) -
     f = analysis(bad).findings[0]
     assert f.category == "precision" and "channels_last" in f.recommendation
     assert "autocast AND channels_last" in f.evidence["estimate_inputs"] and f.evidence["cnn_amp_channels_last_ms_per_step"]
-    # Against what the GPU did in the fixed twin (kernels are not slowed by the profiler).
+    # The GPU time the recipe removes, against what the GPU did in the fixed twin (kernels are not
+    # slowed by the profiler). The step's saving is the replay's: ResNet-50's fixed twin is bound
+    # by its host, so the step gains less than the GPU (benchmarks.estimate_accuracy compares it).
     gpu_side = gpu_busy_ms(bad) - gpu_busy_ms(good)
-    assert abs(f.estimated_savings_ms - gpu_side) <= 0.2 * gpu_side, (f.estimated_savings_ms, gpu_side)
+    saved = f.evidence["gpu_time_saved_ms_per_step"]
+    assert abs(saved - gpu_side) <= 0.2 * gpu_side, (saved, gpu_side)
+    assert f.estimated_savings_ms <= saved * 1.001
 
 
 def test_fp32_channels_last_cnn_is_told_autocast_not_channels_last() -> None:

@@ -5,6 +5,7 @@ near the realised saving of their fixed twins (sample_traces/h200/timings)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,10 +13,10 @@ import numpy as np
 import pytest
 
 from benchmarks import replay_accuracy
-from benchmarks.pairs import realised_noise_ms, step_ms
+from benchmarks.pairs import HELD_OUT_H100, realised_noise_ms, step_ms
 from gpuprof.jobs import load_trace_cached
 from gpuprof.hostcost import bracket_cost_us
-from gpuprof.replay import build, calibrate, deflate, host_bounds, host_only, replay, run, steady_ms, what_if
+from gpuprof.replay import HOST_SEEN, build, calibrate, deflate, host_bounds, host_only, replay, run, steady_ms, what_if
 from gpuprof.replay import transforms as tf
 from gpuprof.replay.simulate import _scan
 from gpuprof.trace.load import load_trace
@@ -206,16 +207,35 @@ def test_steady_state_step_needs_the_hosts_own_time() -> None:
 @pytest.mark.parametrize("name", ["gpt_fp32", "gpt_vocab50257", "llama_misaligned", "resnet50_fp32_nchw"])
 def test_gpu_bound_trace_has_a_host_floor(name: str) -> None:
     """Where the GPU sets the unprofiled step, the host floor is the slowest host the trace allows:
-    at least the bracket estimate, and fast enough to keep up with the real step; any slower one
-    (a smaller cost per event) would replay slower than the real step or below the bracket."""
+    at least the bracket estimate, and fast enough to keep up with the real step within the
+    replay's own error (``HOST_SEEN``); any slower one (a smaller cost per event) would replay
+    slower than that or lie below the bracket."""
     t = _traces(SAMPLES / f"{name}.json.gz")
     g, real, br = build(t), step_ms(name), bracket_cost_us(t[0])
     hb = host_bounds(g, real, br)
     assert not hb.identified and hb.floor_us >= br
     free = steady_ms(deflate(g, calibrate(g, real)))
-    assert steady_ms(deflate(g, hb.floor_us)) <= max(real, free) * 1.003
+    kept_up = max(real * (1 + HOST_SEEN), free * 1.002)
+    assert steady_ms(deflate(g, hb.floor_us)) <= kept_up * 1.001
     if hb.floor_us > br * 1.01:  # the floor is where the host just keeps up
-        assert steady_ms(deflate(g, 0.95 * hb.floor_us)) > max(real, free) * 1.002
+        assert steady_ms(deflate(g, 0.95 * hb.floor_us)) > kept_up
+
+
+def test_gpu_bound_floor_allows_the_replays_error() -> None:
+    """A host the GPU hides but for a sliver (the sync at the end of each of OPT's eight uncached
+    decoding passes; held-out H100 trace, real) moves the replay by a small part of its own time:
+    the floor must not squeeze it toward no host to meet the real step more closely than the
+    replay can (it did: 3 ms a step against the 24-28 ms the cached twin's host takes unprofiled)."""
+    path = HELD_OUT_H100 / "ho11_opt_nocache.json.gz"
+    t = _traces(path)
+    g, br = build(t), bracket_cost_us(t[0])
+    real = json.loads((HELD_OUT_H100 / "timings" / "ho11_opt_nocache.json").read_text())["step_ms"]
+    hb = host_bounds(g, real, br)
+    assert not hb.identified and hb.floor_us >= br
+    busy = deflate(g, hb.floor_us)
+    host_ms = float((np.maximum(busy.h_gap, 0.0) + busy.h_dur).sum()) / 1e3 / 3  # three profiled steps
+    assert 15.0 < host_ms < real  # hidden behind the GPU, and not squeezed toward none
+    assert steady_ms(busy) <= real * (1 + HOST_SEEN) * 1.001
 
 
 def test_host_bound_trace_identifies_its_host() -> None:
