@@ -9,6 +9,10 @@ sequences, bf16 weights, inference mode, for gpuprof's held-out KV-cache pairs.
                        learned positions, separate Q/K/V projections with biases, ReLU MLP 4x)
   --model phi          transformers' Phi (for round 11; ``PhiForCausalLM`` from a ``PhiConfig``: attention and
                        MLP in parallel off one LayerNorm, partial rotary embeddings, GELU MLP 4x, biases)
+  --model llama        transformers' Llama (for round 12; ``LlamaForCausalLM`` from a ``LlamaConfig``: RMSNorm, rotary
+                       embeddings, grouped-query attention with 4 KV heads, SwiGLU, no biases)
+  --model neox         transformers' GPT-NeoX (for round 12; ``GPTNeoXForCausalLM`` from a ``GPTNeoXConfig``: parallel
+                       attention and MLP residual, fused QKV projection, partial rotary (25 %), GELU MLP 4x)
   --model handwritten  a decoder written here (RMSNorm, rotary embeddings, SDPA, SwiGLU, untied head)
                        with its own preallocated KV cache
   --no-cache           every new token runs the model over the whole sequence so far, the prefix
@@ -86,7 +90,7 @@ class Decoder(nn.Module):
 
 def main() -> None:
     p = parser(__doc__)
-    p.add_argument("--model", choices=["qwen2", "gpt2", "opt", "phi", "handwritten"], default="qwen2")
+    p.add_argument("--model", choices=["qwen2", "gpt2", "opt", "phi", "llama", "neox", "handwritten"], default="qwen2")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--prompt", type=int, default=1024)
     p.add_argument("--new-tokens", type=int, default=8)
@@ -97,7 +101,7 @@ def main() -> None:
     batch, prompt_len, vocab = (2, 16, 512) if a.tiny else (a.batch, a.prompt, 32000)
     max_len = prompt_len + a.new_tokens
     extra: dict[str, object] = {}
-    if a.model in ("qwen2", "gpt2", "opt", "phi"):
+    if a.model in ("qwen2", "gpt2", "opt", "phi", "llama", "neox"):
         import transformers as tf
 
         if a.model == "qwen2":
@@ -121,6 +125,21 @@ def main() -> None:
                                resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0)
             with dev:
                 model = tf.PhiForCausalLM(cfg)
+        elif a.model == "llama":
+            layers, d, heads, kv, inter = (2, 64, 4, 2, 128) if a.tiny else (8, 1024, 16, 4, 2816)
+            cfg = tf.LlamaConfig(vocab_size=vocab, hidden_size=d, intermediate_size=inter, num_hidden_layers=layers,
+                                 num_attention_heads=heads, num_key_value_heads=kv,
+                                 max_position_embeddings=max(4096, max_len), tie_word_embeddings=False)
+            with dev:
+                model = tf.LlamaForCausalLM(cfg)
+        elif a.model == "neox":
+            layers, d, heads = (2, 64, 4) if a.tiny else (8, 1024, 16)
+            cfg = tf.GPTNeoXConfig(vocab_size=vocab, hidden_size=d, intermediate_size=4 * d, num_hidden_layers=layers,
+                                   num_attention_heads=heads, max_position_embeddings=max(2048, max_len),
+                                   rotary_pct=0.25, use_parallel_residual=True, hidden_dropout=0.0,
+                                   attention_dropout=0.0, tie_word_embeddings=False)
+            with dev:
+                model = tf.GPTNeoXForCausalLM(cfg)
         else:
             layers, d, heads = (2, 64, 4) if a.tiny else (8, 1024, 16)
             cfg = tf.GPT2Config(vocab_size=vocab, n_embd=d, n_layer=layers, n_head=heads,
