@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Records issue #24's held-out before/after pairs (sample_traces/h200/heldout_pairs.json: 102
-# programs, 56 pairs, rounds 1-11; ONLY= picks a round's; round 4's framework pairs are recorded
+# Records issue #24's held-out before/after pairs (sample_traces/h200/heldout_pairs.json: 113
+# programs, 62 pairs, rounds 1-12; ONLY= picks a round's; round 4's framework pairs are recorded
 # by programs/frameworks/record_pairs.sh, and the runner passes over them) on one GPU in one call, and times every
 # program without the profiler, interleaved with its twins, in as many processes each as the budget allows (runner.py says how):
 #
