@@ -85,6 +85,39 @@ def layout_ratios() -> Ratios | None:
     return out
 
 
+@lru_cache(maxsize=1)
+def autocast_bn_ratios() -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
+    """Per layout the FP32 model's batch norms run in (``cl``, ``nchw``): each measured shape
+    (log2 C, log2 N·H·W) and the bf16 channels-last batch-norm time over the FP32 one in that
+    layout (at most 1), from the shipped layout table; None until it has been measured. This is
+    what the FP32 CNN's autocast recipe (channels-last for an NCHW model) does to its batch norms:
+    with bf16 activations PyTorch runs its own channels-last kernels where FP32 took cuDNN's NHWC
+    ones, and those are not twice as fast (0.79-1.23x of FP32 channels-last over the table's
+    shapes), so half the bytes is not half the time."""
+    doc = _layout_table()
+    if doc is None:
+        return None
+    rows = [r for r in doc["rows"] if r.get("op") == "batch_norm"]
+    def shape(r: dict[str, Any]) -> tuple[int, int, int, int]:
+        return int(r["n"]), int(r["c"]), int(r["h"]), int(r["w"])
+
+    bf16 = {shape(r): float(r["cl_us"]) for r in rows if r["dtype"] == "bf16"}
+    fp32 = [r for r in rows if r["dtype"] == "fp32" and shape(r) in bf16]
+    if not fp32:
+        return None
+    pts = np.log2([[float(r["c"]), float(r["n"]) * float(r["h"]) * float(r["w"])] for r in fp32])
+    return {lay: (pts, np.array([min(1.0, bf16[shape(r)] / float(r[f"{lay}_us"])) for r in fp32]))
+            for lay in ("cl", "nchw")}
+
+
+def bn_sizes(v: RankView, k: pd.DataFrame) -> np.ndarray:
+    """(C, N·H·W) of each kernel's op's first input (NaNs where it is not 4-D), one row per kernel."""
+    sizes = per_shape(v.trace.ops, k["op"].unique(), _channels_plane).reindex(k["op"].to_numpy())
+    cp = np.array([x if isinstance(x, tuple) else (np.nan, np.nan) for x in sizes.tolist()], dtype=float)
+    out: np.ndarray = cp.reshape(-1, 2)
+    return out
+
+
 def _channels_plane(dims: Any) -> tuple[float, float]:
     """(C, N·H·W) of an op's first input when it is 4-D [N, C, H, W], else NaNs."""
     first = dims[0] if isinstance(dims, list) and dims else None
@@ -193,9 +226,7 @@ def nchw_savings(v: RankView, ratios: Ratios | None = None, vendor: str = "nvidi
         how = "at the roofline efficiency of the channels-last variants in this trace"
     elif ratios and len(slow):
         bn = per_name(slow["name"], lambda n: bool(BATCH_NORM.search(n)), dtype=bool)
-        sizes = per_shape(v.trace.ops, slow["op"].unique(), _channels_plane).reindex(slow["op"].to_numpy())
-        cp = np.array([x if isinstance(x, tuple) else (np.nan, np.nan) for x in sizes.tolist()], dtype=float)
-        cp = cp.reshape(-1, 2)
+        cp = bn_sizes(v, slow)
         ratio = np.full(len(slow), 1.0)
         for d, (pts, q) in ratios.items():
             m = bn & (slow["dtype"].astype(str).to_numpy() == d) & np.isfinite(cp).all(axis=1)

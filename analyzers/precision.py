@@ -31,18 +31,27 @@ kernels, NCHW/NHWC copies) the fix is the CNN recipe, autocast *and* channels-la
 the estimate assumes both; a channels-last FP32 CNN is told autocast alone. Besides the matrix
 kernels, the FP32 memory-bound activation kernels (elementwise, norm, pooling, reductions, copies)
 move half the bytes in bf16 (same achieved bandwidth, half the time), and channels-last removes
-the cuDNN layout transforms (:mod:`gpuprof.analyzers.memory_format`).
+the cuDNN layout transforms (:mod:`gpuprof.analyzers.memory_format`). Batch norm is the exception
+on NVIDIA GPUs: FP32 runs cuDNN's kernels (NHWC ones in a channels-last model), bf16 activations
+PyTorch's channels-last ones, which are not twice as fast; it is priced from the measured layout
+table (bf16 channels-last over FP32 time at the nearest shape,
+:func:`gpuprof.analyzers.memory_format.autocast_bn_ratios`). Held-out SE-ResNeXt-26d showed it:
+its bf16 twin's batch norms took 0.82x the FP32 ones' time, and halving them had put the
+estimate 28 % over the realised saving with both twins GPU-bound.
 """
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pandas as pd
 from gpuprof.claims import Candidate
 from gpuprof.analyzers._base import ms, top_names
-from gpuprof.analyzers.memory_format import layout_conversions, nchw_parts
+from gpuprof.analyzers.memory_format import CHANNELS_LAST, autocast_bn_ratios, bn_sizes, layout_conversions, nchw_parts, nearest_ratio
 from gpuprof.idle import has_backward
+from gpuprof.roofline import per_name
 
 if TYPE_CHECKING:
     from gpuprof.rank import RankView
@@ -53,6 +62,8 @@ CNN_CONV_SHARE = 0.25
 #: halves a minority of the step and its casts and scales take a larger share of what it saves.
 FP8_MIN_STEP_SHARE = 0.5
 ACTIVATION = ("elementwise", "norm", "reduction", "copy", "pool", "softmax")
+#: Batch-norm kernels, cuDNN's (``batchnorm_fwtr_nhwc``, ``bn_fw_tr_1C11``) and PyTorch's (``batch_norm_*``).
+BATCH_NORM_KERNEL = re.compile(r"batch_?norm|\bbn_|_bn_", re.IGNORECASE)
 
 
 def run(v: RankView) -> list[Candidate]:
@@ -77,6 +88,32 @@ def _autocast_advice(half: str, training: bool, tf32: bool) -> str:
             + ". FP16 is the 16-bit type this GPU's tensor cores run")
 
 
+def _activations_saved(v: RankView, act: pd.DataFrame) -> tuple[pd.Series, np.ndarray]:
+    """What bf16 saves on each FP32 activation kernel of a CNN: half its time (half the bytes at the
+    same bandwidth), except batch norm on an NVIDIA GPU, which autocast moves from cuDNN's FP32
+    kernels to PyTorch's bf16 channels-last ones: there the measured layout table's bf16
+    channels-last over FP32 time at the nearest shape, FP32 in the layout the kernel ran in
+    (:func:`gpuprof.analyzers.memory_format.autocast_bn_ratios`). Also which kernels were priced
+    from the table."""
+    saved = act["dur"] / 2
+    none = np.zeros(len(act), dtype=bool)
+    ratios = autocast_bn_ratios() if v.spec is not None and v.spec.vendor == "nvidia" else None
+    if ratios is None or act.empty:
+        return saved, none
+    bn = per_name(act["name"], lambda n: bool(BATCH_NORM_KERNEL.search(n)), dtype=bool)
+    if not bn.any():
+        return saved, none
+    cl = per_name(act["name"], lambda n: bool(CHANNELS_LAST.search(n)), dtype=bool)
+    cp = bn_sizes(v, act)
+    ok = bn & np.isfinite(cp).all(axis=1)
+    ratio = np.full(len(act), 0.5)
+    for lay, m in (("cl", ok & cl), ("nchw", ok & ~cl)):
+        if m.any():
+            ratio[m] = nearest_ratio(*ratios[lay], cp[m, 0], cp[m, 1])
+    out: pd.Series = act["dur"] * (1.0 - ratio)
+    return out, ok
+
+
 def fp32(v: RankView) -> list[Candidate]:
     spec = v.spec
     assert spec is not None
@@ -96,6 +133,7 @@ def fp32(v: RankView) -> list[Candidate]:
     conv_time = sel.loc[sel["family"].astype(str) == "conv", "dur"].sum()
     cnn = conv_time >= CNN_CONV_SHARE * sel["dur"].sum()
     cnn_ms = 0.0
+    bn_ms = (0.0, 0.0)
     nchw = False
     if cnn:
         fam = k["family"].astype(str)
@@ -104,15 +142,21 @@ def fp32(v: RankView) -> list[Candidate]:
         # NCHW as the memory_format analyzer sees it (layout transforms, NCHW batch-norm/pooling
         # kernels, NCHW/NHWC conversion copies); a channels-last FP32 model is told autocast only
         nchw = not (xf.empty and slow.empty and layout_conversions(v).empty)
-        extra = {**v.kernel_units(act.index, act["dur"] / 2), **v.kernel_units(xf.index, xf["dur"])}
+        act_saved, by_table = _activations_saved(v, act)
+        bn_ms = (ms(act["dur"].to_numpy()[by_table].sum()) / v.n_steps,
+                 ms(act_saved.to_numpy()[by_table].sum()) / v.n_steps)
+        extra = {**v.kernel_units(act.index, act_saved), **v.kernel_units(xf.index, xf["dur"])}
         extra.update(v.inner_gap_units(xf.index))
         units.update(extra)
         cnn_ms = ms(sum(extra.values())) / v.n_steps
     cnn_text = ""
     if cnn:
-        cnn_text = ("; a CNN: FP32 activation kernels at half the bytes" if not nchw else
+        bn_text = (", batch norm at the measured bf16 channels-last / FP32 time for its size "
+                   "(benchmarks/layout_table.py: autocast moves it off cuDNN's FP32 kernels, and not to "
+                   "half the time)" if bn_ms[0] > 0 else "")
+        cnn_text = ("; a CNN: FP32 activation kernels at half the bytes" + bn_text if not nchw else
                     "; a CNN: assumes autocast AND channels_last together (FP32 activation kernels at half the "
-                    "bytes" + (", cuDNN layout transforms removed" if not xf.empty else "") + ")")
+                    "bytes" + bn_text + (", cuDNN layout transforms removed" if not xf.empty else "") + ")")
     cuda = sel[sel["engine"] == "cuda"]
     frac = sel["dur"].sum() / v.n_steps / v.step_time_us * 100 if v.step_time_us else 0.0
     out.append(Candidate(
@@ -137,6 +181,9 @@ def fp32(v: RankView) -> list[Candidate]:
             # what a CNN's activations (and layout transforms, when NCHW) add to the saving
             "cnn_amp_channels_last_ms_per_step": round(cnn_ms, 3) if nchw else None,
             "cnn_amp_activations_ms_per_step": round(cnn_ms, 3) if cnn and not nchw else None,
+            # FP32 batch norms priced from the measured table: their time, and what bf16 saves of it
+            "cnn_amp_batch_norm_ms_per_step": round(bn_ms[0], 3) if bn_ms[0] > 0 else None,
+            "cnn_amp_batch_norm_saved_ms_per_step": round(bn_ms[1], 3) if bn_ms[0] > 0 else None,
             "priced_dtype": half, "priced_peak_tflops": spec.peak(half),
             "estimate": f"each kernel keeps its % of roofline at the {half} tensor-core peak "
                         f"({spec.peak(half):g} TFLOP/s on the {spec.name}) with half the "
