@@ -66,6 +66,12 @@ def _layout_table() -> dict[str, Any] | None:
     return doc
 
 
+def _shape_points(rows: list[dict[str, Any]]) -> np.ndarray:
+    """Each layout-table row's shape as (log2 C, log2 N·H·W), the space :func:`nearest_ratio` searches."""
+    out: np.ndarray = np.log2([[float(r["c"]), float(r["n"]) * float(r["h"]) * float(r["w"])] for r in rows])
+    return out
+
+
 @lru_cache(maxsize=1)
 def layout_ratios() -> Ratios | None:
     """Per dtype: each measured shape (log2 C, log2 N·H·W) and its channels-last / NCHW batch-norm
@@ -80,8 +86,7 @@ def layout_ratios() -> Ratios | None:
     out: Ratios = {}
     for d in sorted({str(r["dtype"]) for r in rows}):
         rs = [r for r in rows if r["dtype"] == d]
-        out[d] = (np.log2([[float(r["c"]), float(r["n"]) * float(r["h"]) * float(r["w"])] for r in rs]),
-                  np.array([min(1.0, float(r["cl_us"]) / float(r["nchw_us"])) for r in rs]))
+        out[d] = (_shape_points(rs), np.array([min(1.0, float(r["cl_us"]) / float(r["nchw_us"])) for r in rs]))
     return out
 
 
@@ -98,6 +103,7 @@ def autocast_bn_ratios() -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
     if doc is None:
         return None
     rows = [r for r in doc["rows"] if r.get("op") == "batch_norm"]
+
     def shape(r: dict[str, Any]) -> tuple[int, int, int, int]:
         return int(r["n"]), int(r["c"]), int(r["h"]), int(r["w"])
 
@@ -105,7 +111,7 @@ def autocast_bn_ratios() -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
     fp32 = [r for r in rows if r["dtype"] == "fp32" and shape(r) in bf16]
     if not fp32:
         return None
-    pts = np.log2([[float(r["c"]), float(r["n"]) * float(r["h"]) * float(r["w"])] for r in fp32])
+    pts = _shape_points(fp32)
     return {lay: (pts, np.array([min(1.0, bf16[shape(r)] / float(r[f"{lay}_us"])) for r in fp32]))
             for lay in ("cl", "nchw")}
 

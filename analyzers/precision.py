@@ -95,21 +95,19 @@ def _activations_saved(v: RankView, act: pd.DataFrame) -> tuple[pd.Series, np.nd
     channels-last over FP32 time at the nearest shape, FP32 in the layout the kernel ran in
     (:func:`gpuprof.analyzers.memory_format.autocast_bn_ratios`). Also which kernels were priced
     from the table."""
-    saved = act["dur"] / 2
-    none = np.zeros(len(act), dtype=bool)
-    ratios = autocast_bn_ratios() if v.spec is not None and v.spec.vendor == "nvidia" else None
-    if ratios is None or act.empty:
-        return saved, none
-    bn = per_name(act["name"], lambda n: bool(BATCH_NORM_KERNEL.search(n)), dtype=bool)
-    if not bn.any():
-        return saved, none
-    cl = per_name(act["name"], lambda n: bool(CHANNELS_LAST.search(n)), dtype=bool)
-    cp = bn_sizes(v, act)
-    ok = bn & np.isfinite(cp).all(axis=1)
     ratio = np.full(len(act), 0.5)
-    for lay, m in (("cl", ok & cl), ("nchw", ok & ~cl)):
-        if m.any():
-            ratio[m] = nearest_ratio(*ratios[lay], cp[m, 0], cp[m, 1])
+    ok = np.zeros(len(act), dtype=bool)
+    ratios = autocast_bn_ratios() if v.spec is not None and v.spec.vendor == "nvidia" else None
+    bn = (per_name(act["name"], lambda n: bool(BATCH_NORM_KERNEL.search(n)), dtype=bool)
+          if ratios is not None and len(act) else ok)
+    if bn.any():
+        assert ratios is not None
+        cl = per_name(act["name"], lambda n: bool(CHANNELS_LAST.search(n)), dtype=bool)
+        cp = bn_sizes(v, act)
+        ok = bn & np.isfinite(cp).all(axis=1)
+        for lay, m in (("cl", ok & cl), ("nchw", ok & ~cl)):
+            if m.any():
+                ratio[m] = nearest_ratio(*ratios[lay], cp[m, 0], cp[m, 1])
     out: pd.Series = act["dur"] * (1.0 - ratio)
     return out, ok
 
