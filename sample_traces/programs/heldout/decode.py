@@ -104,13 +104,16 @@ def main() -> None:
     if a.model in ("qwen2", "gpt2", "opt", "phi", "llama", "neox"):
         import transformers as tf
 
-        if a.model == "qwen2":
-            layers, d, heads, kv, inter = (2, 64, 4, 2, 128) if a.tiny else (4, 1536, 12, 2, 4096)
-            cfg = tf.Qwen2Config(vocab_size=vocab, hidden_size=d, intermediate_size=inter, num_hidden_layers=layers,
-                                 num_attention_heads=heads, num_key_value_heads=kv,
-                                 max_position_embeddings=max(4096, max_len), tie_word_embeddings=False)
+        if a.model in ("qwen2", "llama"):  # the same configuration fields (GQA, SwiGLU), their own sizes
+            qwen = a.model == "qwen2"
+            layers, d, heads, kv, inter = ((2, 64, 4, 2, 128) if a.tiny else
+                                           (4, 1536, 12, 2, 4096) if qwen else (8, 1024, 16, 4, 2816))
+            config, causal_lm = (tf.Qwen2Config, tf.Qwen2ForCausalLM) if qwen else (tf.LlamaConfig, tf.LlamaForCausalLM)
+            cfg = config(vocab_size=vocab, hidden_size=d, intermediate_size=inter, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv,
+                         max_position_embeddings=max(4096, max_len), tie_word_embeddings=False)
             with dev:
-                model = tf.Qwen2ForCausalLM(cfg)
+                model = causal_lm(cfg)
         elif a.model == "opt":
             layers, d, heads = (2, 64, 4) if a.tiny else (8, 1024, 16)
             cfg = tf.OPTConfig(vocab_size=vocab, hidden_size=d, num_hidden_layers=layers, ffn_dim=4 * d,
@@ -125,13 +128,6 @@ def main() -> None:
                                resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0)
             with dev:
                 model = tf.PhiForCausalLM(cfg)
-        elif a.model == "llama":
-            layers, d, heads, kv, inter = (2, 64, 4, 2, 128) if a.tiny else (8, 1024, 16, 4, 2816)
-            cfg = tf.LlamaConfig(vocab_size=vocab, hidden_size=d, intermediate_size=inter, num_hidden_layers=layers,
-                                 num_attention_heads=heads, num_key_value_heads=kv,
-                                 max_position_embeddings=max(4096, max_len), tie_word_embeddings=False)
-            with dev:
-                model = tf.LlamaForCausalLM(cfg)
         elif a.model == "neox":
             layers, d, heads = (2, 64, 4) if a.tiny else (8, 1024, 16)
             cfg = tf.GPTNeoXConfig(vocab_size=vocab, hidden_size=d, intermediate_size=4 * d, num_hidden_layers=layers,
